@@ -58,16 +58,17 @@ def test_a_multirun_writes_every_job_into_one_sweep_directory(tmp_path):
     result = subprocess.run(
         [
             sys.executable, "train.py", "-m", "pe=learned,rope", "norm=softmax,l2",
-            "trainer.max_epochs=1", *TINY, "~logger", f"hydra.sweep.dir={tmp_path}",
+            "trainer.max_epochs=1", *TINY, "~logger", f"paths.log_dir={tmp_path}",
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    jobs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name.isdigit())
+    (sweep,) = (tmp_path / "probe" / "multiruns").iterdir()
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
     assert jobs == ["0", "1", "2", "3"]
     for job in jobs:
-        assert (tmp_path / job / "checkpoints" / "last.ckpt").is_file()
-    choices = {(tmp_path / job / ".hydra" / "overrides.yaml").read_text() for job in jobs}
+        assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
+    choices = {(sweep / job / ".hydra" / "overrides.yaml").read_text() for job in jobs}
     assert len(choices) == 4
 
 

@@ -8,6 +8,7 @@ rest, so `conf/pe/rope.yaml` reads as the keyword arguments of `attnlab.pe.rope.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,10 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 METADATA = ("name", "description", "paper")
+
+# `${cwd:}`, the directory a run is launched from, for paths.root_dir. Hydra's own
+# `${hydra:runtime.cwd}` is unset when a multirun's sweeper resolves hydra.sweep.dir.
+OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
 
 
 class ConfigError(ValueError):

@@ -87,6 +87,15 @@ def test_extreme_scores_and_fully_masked_rows_stay_finite(name, dtype):
     assert (weights[..., 2, :] == 0).all(), "a row with no visible key must be all zero"
 
 
+def test_exp_without_a_clamp_ignores_a_masked_score_that_would_overflow():
+    scores = torch.tensor([[[[1.0, 200.0, 3.0]]]], requires_grad=True)
+    mask = torch.tensor([[[[True, False, True]]]])
+    weights = normalizer("exp", "max_score=null")(scores, mask)
+    weights.sum().backward()
+    torch.testing.assert_close(weights[0, 0, 0], torch.tensor([math.e, 0.0, math.exp(3.0)]))
+    assert torch.isfinite(scores.grad).all()
+
+
 @given(st.floats(-50, 50), st.integers(0, 100))
 @settings(max_examples=30, deadline=None)
 def test_shift_invariance_holds_exactly_for_softmax_and_l2(shift, seed):

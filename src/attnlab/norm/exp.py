@@ -3,13 +3,14 @@
 "Drop the denominator" of softmax: Σ_j e^{s_ij} varies with i near the sequence ends, which
 solves the position probe with relative PEs. Convention: e^s overflows float32 above
 s ≈ 88.7, so scores are clamped at `max_score` (default 30, e^30 ≈ 1e13) first; a clamped
-entry passes no gradient. Set max_score: null to disable the clamp. Masked entries are 0.
+entry passes no gradient. Set max_score: null to disable the clamp. Masked scores are −inf
+before the exponential, so a masked overflow never turns into inf·0 = NaN.
 """
 
 import torch
 from torch import Tensor
 
-from attnlab.norm.base import Normalizer, zero_masked
+from attnlab.norm.base import Normalizer, exp_normalize
 
 
 class Exp(Normalizer):
@@ -20,4 +21,4 @@ class Exp(Normalizer):
     def forward(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         if self.max_score is not None:
             scores = scores.clamp_max(self.max_score)
-        return zero_masked(torch.exp(scores), mask)
+        return exp_normalize(scores, mask, torch.exp)

@@ -49,6 +49,8 @@ class RoPE(PositionalEncoding):
                 f"pe.rotary_dim={rotary_dim} must be even and between 2 and the head width "
                 f"{shape.head_dim}"
             )
+        if base <= 0:
+            raise ConfigError(f"pe.base={base} must be positive (θ_i = base^(−2i/d))")
         if layout not in ("interleaved", "half"):
             raise ConfigError(f"pe.layout={layout!r} is not one of: interleaved, half")
         self.base, self.layout = base, layout

@@ -108,6 +108,16 @@ def test_gau_and_post_ln_decoders_are_causal_with_an_exact_cache(pe, norm, layou
     check_causal_with_an_exact_cache(model)
 
 
+@pytest.mark.parametrize("norm", ["relu2", "softmax"])
+@pytest.mark.parametrize("pe", options("pe"))
+@pytest.mark.parametrize("synthesizer", [s for s in options("synthesizer") if s != "dot"])
+def test_gau_decoders_with_synthesized_scores_are_causal_with_an_exact_cache(synthesizer, pe, norm):
+    torch.manual_seed(0)
+    cfg = tiny(init_std=0.2, block="gau", n_heads=1)
+    model = EncoderDecoder(cfg, attention(pe, norm, synthesizer), VOCAB, VOCAB)
+    check_causal_with_an_exact_cache(model)
+
+
 @pytest.mark.parametrize("pe,norm,synthesizer", COMBINATIONS)
 def test_a_causal_stack_ignores_future_tokens(pe, norm, synthesizer):
     torch.manual_seed(0)

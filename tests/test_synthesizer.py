@@ -14,7 +14,8 @@ from attnlab.attention.core import Compute, attend
 from attnlab.config import ConfigError, build
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.transformer import Stack, StackCache, attention_mask
-from attnlab.synthesizer.base import Synthesizer
+from attnlab.synthesizer.base import Synthesis, Synthesizer
+from attnlab.synthesizer.dot import Dot
 
 MAX_LEN = 24
 # Overrides that make each length-bound option small; a = 4, b = 6 have gcd 2, so tiling
@@ -30,6 +31,8 @@ SMALL = {
 }
 SYNTHESIZERS = options("synthesizer")
 WITH_DOT = ["random_vanilla", "dense_vanilla"]
+MIXTURES = ["mixture", *WITH_DOT]
+WITH_LOGITS = [o for o in SYNTHESIZERS if o != "dot"]
 
 
 @cache
@@ -147,7 +150,7 @@ def test_factorized_random_is_R1_R2t_of_rank_k():
     )
 
 
-@pytest.mark.parametrize("option", ["mixture", *WITH_DOT])
+@pytest.mark.parametrize("option", MIXTURES)
 def test_a_mixture_is_the_alpha_weighted_sum_of_its_components(option):
     synth = synthesizer(option)
     x, layer = tokens(), 1
@@ -164,7 +167,7 @@ def test_a_mixture_is_the_alpha_weighted_sum_of_its_components(option):
         torch.testing.assert_close(out.dot, sum(a * part.dot for a, part in parts if part.dot))
 
 
-@pytest.mark.parametrize("option", ["mixture", *WITH_DOT])
+@pytest.mark.parametrize("option", MIXTURES)
 def test_mixture_weights_start_equal_sum_to_one_and_learn(option):
     synth = build(node(option), shape=SHAPE).double()
     for layer in range(SHAPE.n_layers):
@@ -183,29 +186,50 @@ def test_mixture_weights_start_equal_sum_to_one_and_learn(option):
         assert torch.equal(grad[0], torch.zeros_like(grad[0])), "other layers' weights do not"
 
 
-def test_every_layer_has_its_own_parameters():
-    for option in SYNTHESIZERS:
-        synth = synthesizer(option)
-        x = tokens()
-        pos = torch.arange(x.shape[1])
-        first, second = synth(x, pos, pos, 0), synth(x, pos, pos, 1)
-        if first.logits is not None:
-            assert not torch.allclose(first.logits, second.logits), option
+def test_dot_gives_the_dot_product_and_no_logits():
+    pos = torch.arange(7)
+    assert synthesizer("dot")(tokens(), pos, pos, 1) == Synthesis(dot=1.0, logits=None)
+
+
+@pytest.mark.parametrize("option", WITH_LOGITS)
+def test_every_layer_has_its_own_logits(option):
+    synth = synthesizer(option)
+    x = tokens()
+    pos = torch.arange(x.shape[1])
+    assert not torch.allclose(synth(x, pos, pos, 0).logits, synth(x, pos, pos, 1).logits)
+
+
+@pytest.mark.parametrize("option", MIXTURES)
+def test_every_layer_of_a_mixture_has_its_own_weights_and_component_parameters(option):
+    synth = synthesizer(option)
+    x = tokens()
+    pos = torch.arange(x.shape[1])
+    assert synth.w.shape == (SHAPE.n_layers, len(synth.components))
+    assert not torch.allclose(synth.alpha(0), synth.alpha(1))
+    synthesizing = [c for c in synth.components if not isinstance(c, Dot)]
+    assert len(synthesizing) == len(synth.components) - (option in WITH_DOT)
+    for component in synthesizing:
+        first, second = component(x, pos, pos, 0), component(x, pos, pos, 1)
+        assert not torch.allclose(first.logits, second.logits), type(component).__name__
+    if option in WITH_DOT:
+        vanilla = next(i for i, c in enumerate(synth.components) if isinstance(c, Dot))
+        dots = [synth(x, pos, pos, layer).dot for layer in (0, 1)]
+        torch.testing.assert_close(dots, [synth.alpha(layer)[vanilla] for layer in (0, 1)])
+        assert not torch.allclose(dots[0], dots[1])
 
 
 # ---------------------------------------------------------------- positions and length
 
 
-@pytest.mark.parametrize("option", SYNTHESIZERS)
+@pytest.mark.parametrize("option", WITH_LOGITS)
 def test_a_cached_row_is_the_row_of_the_full_matrix(option):
     synth = synthesizer(option)
     x, layer = tokens(length=9), 1
     full = synth(x, torch.arange(9), torch.arange(9), layer)
     for t in (0, 4, 8):
         row = synth(x[:, t : t + 1], torch.tensor([t]), torch.arange(t + 1), layer)
-        if full.logits is not None:
-            expected = full.logits[:, :, t : t + 1, : t + 1]
-            torch.testing.assert_close(row.logits, expected.expand_as(row.logits))
+        expected = full.logits[:, :, t : t + 1, : t + 1]
+        torch.testing.assert_close(row.logits, expected.expand_as(row.logits))
         torch.testing.assert_close(row.dot, full.dot)
 
 

@@ -6,7 +6,14 @@ import pytest
 import torch
 from helpers import small_variant
 
-from attnlab.decoding import DecodeConfig, beam_search, greedy, max_target_lengths, translate
+from attnlab.decoding import (
+    DecodeConfig,
+    beam_search,
+    greedy,
+    length_penalty,
+    max_target_lengths,
+    translate,
+)
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.transformer import EncoderDecoder
 
@@ -66,21 +73,30 @@ def test_greedy_picks_the_most_likely_next_token_at_every_step():
         assert logits[: len(chosen)].argmax(-1).tolist() == chosen
 
 
-def test_beam_search_finds_a_hypothesis_at_least_as_likely_as_greedy():
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+@torch.no_grad()
+def test_a_beam_as_wide_as_every_hypothesis_is_exhaustive_search(alpha):
+    """With room for all 1 + 22 + 22² hypotheses of up to 2 tokens, beam search must return
+    the best of them by log p(y, EOS) / lp(y), EOS being free at the length limit."""
     net = model("t5")
     src, padding = batch(2)
-    limits = max_target_lengths(net, padding, 1.2, 10)
-
-    def log_prob(row: int, hypothesis: list[int]) -> float:
-        tokens = torch.tensor([[BOS, *hypothesis, EOS]])
-        memory = net.encode(src[row : row + 1], padding[row : row + 1])
-        logits = net.decode(tokens[:, :-1], memory, padding[row : row + 1])
-        return torch.log_softmax(logits, -1)[0].gather(-1, tokens[0, 1:, None]).sum().item()
-
-    greedy_hyps = greedy(net, src, padding, BOS, EOS, limits)
-    beam_hyps = beam_search(net, src, padding, BOS, EOS, limits, 5, alpha=0.0)
+    words = [t for t in range(VOCAB) if t != EOS]
+    prefixes = torch.tensor([[BOS, w] for w in words for _ in words])
+    seconds = torch.tensor(words).repeat(len(words))
+    limits = torch.full((src.shape[0],), 2)
+    found = beam_search(net, src, padding, BOS, EOS, limits, 1 + len(words) + len(prefixes), alpha)
+    greedy_found = greedy(net, src, padding, BOS, EOS, limits)
     for row in range(src.shape[0]):
-        assert log_prob(row, beam_hyps[row]) >= log_prob(row, greedy_hyps[row]) - 1e-5
+        memory = net.encode(src[row : row + 1], padding[row : row + 1])
+        logits = net.decode(prefixes, memory.expand(len(prefixes), -1, -1), padding[row : row + 1])
+        after_bos, after_word = torch.log_softmax(logits, -1).unbind(1)
+        first = after_bos.gather(1, prefixes[:, 1:])[:, 0]
+        score = {(): after_bos[0, EOS].item() / length_penalty(1, alpha)}
+        for n, (w, u) in enumerate(zip(prefixes[:, 1].tolist(), seconds.tolist(), strict=True)):
+            score[(w,)] = (first[n] + after_word[n, EOS]).item() / length_penalty(2, alpha)
+            score[(w, u)] = (first[n] + after_word[n, u]).item() / length_penalty(3, alpha)
+        assert tuple(found[row]) == max(score, key=score.get)
+        assert score[tuple(found[row])] >= score[tuple(greedy_found[row])]
 
 
 def test_hypotheses_respect_the_length_limit_and_a_length_bound_pe():

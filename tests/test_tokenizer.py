@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import pytest
 from helpers import SHARED_DATA
 
@@ -149,6 +152,26 @@ def test_an_interrupted_build_leaves_no_entry(tmp_path):
     assert build_once(entry, lambda partial: (partial / "whole").write_text("written"))
     assert [p.name for p in entry.iterdir()] == ["whole"]
     assert not build_once(entry, crash), "an existing entry is not rebuilt"
+
+
+def test_a_second_builder_says_it_waits_then_reuses_the_first_ones_entry(tmp_path, caplog):
+    entry = tmp_path / "entry"
+    started, finish = threading.Event(), threading.Event()
+
+    def slow(partial):
+        started.set()
+        finish.wait(10)
+        (partial / "whole").write_text("first")
+
+    first = threading.Thread(target=build_once, args=(entry, slow))
+    first.start()
+    started.wait(10)
+    threading.Timer(0.2, finish.set).start()
+    with caplog.at_level(logging.INFO, logger="attnlab"):
+        assert not build_once(entry, lambda partial: pytest.fail("built twice"))
+    first.join()
+    assert f"waiting for another process to finish {entry}" in caplog.text
+    assert (entry / "whole").read_text() == "first"
 
 
 def test_a_restored_tokenizer_is_the_same_model_under_the_same_key(tmp_path):

@@ -42,12 +42,12 @@ def local(directory: Path, cache: Path) -> list[str]:
     ]  # fmt: skip
 
 
-@needs_multi30k
-@pytest.mark.slow
 def bleu_line(stdout: str) -> str:
     return next(line for line in stdout.splitlines() if line.startswith("test/bleu"))
 
 
+@needs_multi30k
+@pytest.mark.slow
 def test_a_tiny_model_overfits_64_real_pairs_and_eval_py_decodes_other_files(make_config, tmp_path):
     references = write_pairs(tmp_path / "pairs", 0, 64)
     metrics = train(make_config([*local(tmp_path / "pairs", tmp_path / "cache"), *OVERFIT]))

@@ -11,15 +11,18 @@ import random
 import time
 from pathlib import Path
 
+import datasets
 import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from helpers import SHARED_DATA
+from helpers import SHARED_DATA, variant
 from torch.utils.data import DistributedSampler
 
 from attnlab import tokenizer as tokenizer_module
 from attnlab.config import ConfigError, build
+from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.transformer import EncoderDecoder
 from attnlab.tasks import translation
 from attnlab.tasks.translation import (
     Example,
@@ -178,6 +181,58 @@ def test_a_file_pair_given_by_path_is_the_test_split(corpus, tmp_path):
         local(corpus, tmp_path / "cache", test_src=str(src), test_tgt=str(tmp_path / "missing.de"))
 
 
+def test_evaluating_a_file_pair_reads_neither_the_hub_nor_another_split(
+    corpus, tmp_path, monkeypatch
+):
+    trained = local(corpus, tmp_path / "cache")
+    model = trained.tokenizer.serialized()
+    pairs = sentence_pairs(12, seed=5)
+    write_split(tmp_path / "elsewhere", "test", pairs)
+    src, tgt = (tmp_path / "elsewhere" / f"test.{lang}" for lang in ("en", "de"))
+
+    def never(*args, **kwargs):
+        pytest.fail("evaluating a file pair must not load the hub or train a tokenizer")
+
+    monkeypatch.setattr(translation, "load_hub", never)
+    monkeypatch.setattr(tokenizer_module, "train_sentencepiece", never)
+    module = TranslationDataModule(
+        source="hub", dataset="someone/parallel", cache_dir=str(tmp_path / "cache"),
+        test_src=str(src), test_tgt=str(tgt), **TINY,
+    )  # fmt: skip
+    module.for_evaluation(model, model, "test")
+    module.prepare_data()
+    module.setup("test")
+    test, _ = module.batched("test")
+    assert module.max_seq_len == max(test.src_lengths().max(), test.tgt_lengths().max())
+    refs = [r for batch in module.test_dataloader() for r in batch["ref"]]
+    assert sorted(refs) == sorted(de for _, de in pairs)
+
+
+def test_a_directory_is_refused_with_the_hub_source(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"task\.data\.dir=\S+ is read only with task\.data\.source=local"
+    ):
+        TranslationDataModule(source="hub", dataset="wmt/wmt14", dir=str(tmp_path))
+
+
+def test_separate_vocabularies_are_per_language_and_never_share_embeddings(corpus, tmp_path):
+    module = local(corpus, tmp_path / "cache", joint_vocab=False)
+    src, tgt = module.src_tokenizer, module.tokenizer
+    assert src.key != tgt.key
+    assert src.decode(src.encode("dog runs in park")) == "dog runs in park"
+    assert tgt.decode(tgt.encode("hund rennt im park")) == "hund rennt im park"
+    sizes = module.model_kwargs()
+    assert sizes["src_vocab_size"] == sizes["tgt_vocab_size"] and sizes["joint_vocab"] is False
+    attention = AttentionConfig(
+        variant("pe", "none"), variant("norm", "softmax"), variant("synthesizer", "dot")
+    )
+    cfg = ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    net = EncoderDecoder(cfg, attention, sizes["src_vocab_size"], sizes["tgt_vocab_size"], False)
+    assert net.src_embed is not net.tgt_embed
+    joint = EncoderDecoder(cfg, attention, sizes["src_vocab_size"], sizes["tgt_vocab_size"], True)
+    assert joint.src_embed is joint.tgt_embed
+
+
 def test_a_second_datamodule_reuses_tokenizer_and_token_caches(corpus, tmp_path, monkeypatch):
     first = local(corpus, tmp_path / "cache")
     first.setup()
@@ -209,7 +264,6 @@ def test_an_unreachable_hub_fails_fast_naming_the_local_option(make_config, tmp_
     def must_not_download(*args, **kwargs):
         pytest.fail("load_dataset must not run when the hub is unreachable")
 
-    datasets = pytest.importorskip("datasets")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", no_network)
     monkeypatch.setattr(datasets, "load_dataset", must_not_download)
@@ -230,7 +284,6 @@ def test_hub_offline_mode_without_a_cached_copy_fails_fast(make_config, tmp_path
     def must_not_probe(*args, **kwargs):
         pytest.fail("offline mode must not contact the hub")
 
-    datasets = pytest.importorskip("datasets")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", must_not_probe)
     monkeypatch.setattr(datasets, "load_dataset", offline_and_not_cached)
@@ -240,7 +293,6 @@ def test_hub_offline_mode_without_a_cached_copy_fails_fast(make_config, tmp_path
 
 @pytest.mark.parametrize("layout", ["translation", "columns"])
 def test_hub_rows_in_either_layout_become_pairs(tmp_path, monkeypatch, layout):
-    datasets = pytest.importorskip("datasets")
 
     def table(pairs: list[tuple[str, str]]):
         if layout == "translation":  # wmt/wmt14
@@ -397,6 +449,7 @@ def test_multi30k_batches_follow_the_contract(tmp_path):
     assert kwargs == {
         "src_vocab_size": 500,
         "tgt_vocab_size": 500,
+        "joint_vocab": True,
         "pad_id": PAD_ID,
         "bos_id": BOS_ID,
         "eos_id": EOS_ID,

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from attnlab.config import ConfigError, to_dict
 from attnlab.train import CONFIG_DIR
 
-SPLITS = ("test", "val")
+STAGES = {"test": "test", "val": "validate"}  # split=... -> Lightning's stage
 
 
 def load_checkpoint(ckpt_path: str) -> dict:
@@ -42,12 +42,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     from attnlab import run
 
-    if cfg.split not in SPLITS:
-        raise ConfigError(f"split={cfg.split!r} is not one of: {', '.join(SPLITS)}")
+    if cfg.split not in STAGES:
+        raise ConfigError(f"split={cfg.split!r} is not one of: {', '.join(STAGES)}")
     run.quiet_library_noise()
     datamodule = run.build_datamodule(cfg)
     system_class = get_class(cfg.task.system._target_)
-    system_class.restore_data(datamodule, load_checkpoint(cfg.ckpt_path))
+    system_class.restore_data(datamodule, load_checkpoint(cfg.ckpt_path), STAGES[cfg.split])
     settings = {k: v for k, v in to_dict(cfg.task.system).items() if k != "_target_"}
     system = system_class.load_from_checkpoint(cfg.ckpt_path, map_location="cpu", **settings)
     system.check_lengths(datamodule)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import sentencepiece as spm
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from attnlab.config import ConfigError
 
@@ -53,7 +53,13 @@ def build_once(directory: Path, build: Callable[[Path], None]) -> bool:
     build never leaves an entry that looks complete. Returns whether it built the entry.
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{directory}.lock"):
+    lock = FileLock(f"{directory}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("waiting for another process to finish %s", directory)
+        lock.acquire()
+    try:
         if directory.is_dir():
             return False
         partial = directory.with_name(f"{directory.name}.partial")
@@ -66,6 +72,8 @@ def build_once(directory: Path, build: Callable[[Path], None]) -> bool:
             raise
         partial.rename(directory)
         return True
+    finally:
+        lock.release()
 
 
 @dataclass(frozen=True)

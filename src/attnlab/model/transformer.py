@@ -184,7 +184,8 @@ class EncoderDecoder(nn.Module):
     """A bidirectional encoder and a causal decoder with cross-attention (translation).
 
     With tie_embeddings, the decoder's input embedding and output projection share one
-    matrix, and the encoder shares it too when source and target vocabularies are one.
+    matrix, and the encoder shares it too when source and target use one joint vocabulary
+    (separate vocabularies of equal size still number different pieces alike: never shared).
     """
 
     def __init__(
@@ -193,11 +194,17 @@ class EncoderDecoder(nn.Module):
         attention: AttentionConfig,
         src_vocab_size: int,
         tgt_vocab_size: int,
+        joint_vocab: bool = True,
     ) -> None:
         super().__init__()
+        if joint_vocab and src_vocab_size != tgt_vocab_size:
+            raise ValueError(
+                f"a joint vocabulary has one size, not {src_vocab_size} (source) and "
+                f"{tgt_vocab_size} (target)"
+            )
         self.tgt_embed = TokenEmbedding(tgt_vocab_size, cfg)
-        joint = cfg.tie_embeddings and src_vocab_size == tgt_vocab_size
-        self.src_embed = self.tgt_embed if joint else TokenEmbedding(src_vocab_size, cfg)
+        shared = cfg.tie_embeddings and joint_vocab
+        self.src_embed = self.tgt_embed if shared else TokenEmbedding(src_vocab_size, cfg)
         self.encoder = Stack(cfg, attention, cfg.n_layers, causal=False)
         self.decoder = Stack(cfg, attention, cfg.decoder_layers, causal=True, cross=True)
         self.output = (

@@ -40,8 +40,9 @@ class System(L.LightningModule):
         return parameter_counts(self)
 
     @staticmethod
-    def restore_data(datamodule: L.LightningDataModule, checkpoint: dict) -> None:
-        """Give the datamodule what the checkpoint's model depends on (eval.py calls this)."""
+    def restore_data(datamodule: L.LightningDataModule, checkpoint: dict, stage: str) -> None:
+        """Give the datamodule what the checkpoint's model depends on, for evaluating at
+        `stage` ("validate" or "test"; eval.py calls this)."""
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])

@@ -50,6 +50,7 @@ class Seq2SeqSystem(System):
         pad_id: int,
         bos_id: int,
         eos_id: int,
+        joint_vocab: bool = True,
         label_smoothing: float = 0.1,
         decode: dict | None = None,
     ) -> None:
@@ -60,6 +61,7 @@ class Seq2SeqSystem(System):
             AttentionConfig.from_config(pe, norm, synthesizer),
             src_vocab_size,
             tgt_vocab_size,
+            joint_vocab,
         )
         self.decode_config = DecodeConfig(**(decode or {}))
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
@@ -146,9 +148,9 @@ class Seq2SeqSystem(System):
         ]
 
     @staticmethod
-    def restore_data(datamodule, checkpoint: dict) -> None:
+    def restore_data(datamodule, checkpoint: dict, stage: str) -> None:
         """Evaluate with the vocabulary the model was trained with, whatever the data."""
-        datamodule.use_tokenizers(*checkpoint[TOKENIZERS])
+        datamodule.for_evaluation(*checkpoint[TOKENIZERS], stage)
 
     def on_validation_epoch_end(self) -> None:
         self._finish("val")

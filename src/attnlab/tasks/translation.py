@@ -279,8 +279,7 @@ def load_hub(dataset: str, subset: str | None, cache_dir: Path, hint: str) -> An
         from huggingface_hub.errors import HfHubHTTPError
     except ImportError:
         raise ConfigError(
-            f"task.data.source=hub needs the `datasets` package (pip install 'attnlab[hub]'); "
-            f"or {hint}"
+            f"task.data.source=hub needs the `datasets` package (pip install datasets); or {hint}"
         ) from None
 
     def unreachable(error: Exception) -> ConfigError:
@@ -400,6 +399,11 @@ def make_corpus(
     if source == "local":
         corpus: Corpus = LocalCorpus(directory, *langs)
     elif source == "hub":
+        if directory is not None:
+            raise ConfigError(
+                f"task.data.dir={directory} is read only with task.data.source=local: add "
+                "task.data.source=local to use those files (or drop task.data.dir for the hub)"
+            )
         corpus = HubCorpus(dataset, subset, *langs, cache_dir / "hf")
     else:
         raise ConfigError(f"task.data.source={source!r} is not one of: {', '.join(SOURCES)}")
@@ -719,7 +723,8 @@ class TranslationDataModule(L.LightningDataModule):
     source or target sequence, BOS/EOS included, that the model can be given, i.e. max_len
     (longer training pairs are dropped) or the longest validation/test sequence if longer
     (those splits are not filtered). Asked before `prepare_data`, these three prepare the data
-    themselves: the model is built before Lightning calls it.
+    themselves: the model is built before Lightning calls it. After `for_evaluation`, all of
+    this concerns the evaluated split alone.
     """
 
     def __init__(
@@ -776,8 +781,9 @@ class TranslationDataModule(L.LightningDataModule):
         self.train_size, self.sort_chunk, self.seed = train_size, sort_chunk, seed
         self.num_workers = num_workers
         self.num_threads = num_threads or available_cores()
+        self.splits = SPLITS  # the splits it reads; an evaluation reads one (`for_evaluation`)
         self._tokenizers: tuple[Tokenizer, Tokenizer] | None = None
-        self._splits: dict[str, SplitData] | None = None
+        self._splits: dict[str, SplitData] = {}
         self._sets: dict[str, tuple[TranslationDataset, list[np.ndarray]]] = {}
 
     # tokenizers and caches
@@ -821,11 +827,11 @@ class TranslationDataModule(L.LightningDataModule):
             for side in sides
         ]
 
-    def _split_table(self) -> dict[str, SplitData]:
-        if self._splits is None:
-            tokenizers = self._tokenizer_pair()
-            self._splits = {split: self._open_split(split, tokenizers) for split in SPLITS}
-        return self._splits
+    def split_data(self, split: str) -> SplitData:
+        """A split's token cache, built on first use."""
+        if split not in self._splits:
+            self._splits[split] = self._open_split(split, self._tokenizer_pair())
+        return self._splits[split]
 
     def _open_split(self, split: str, tokenizers: tuple[Tokenizer, Tokenizer]) -> SplitData:
         identity = {
@@ -856,7 +862,7 @@ class TranslationDataModule(L.LightningDataModule):
         return data
 
     def _require(self, split: str) -> SplitData:
-        data = self._split_table()[split]
+        data = self.split_data(split)
         if not data.present:
             raise ConfigError(
                 f"there is no {split} split ({data.meta['source']} not found): "
@@ -864,12 +870,14 @@ class TranslationDataModule(L.LightningDataModule):
             )
         return data
 
-    def use_tokenizers(self, src_model: bytes, tgt_model: bytes) -> None:
-        """Use these SentencePiece models (a checkpoint's) instead of training or loading."""
+    def for_evaluation(self, src_model: bytes, tgt_model: bytes, stage: str) -> None:
+        """Serve only the splits of `stage` ("validate" or "test"), tokenized with these
+        SentencePiece models (a checkpoint's): no tokenizer is trained, no other split read."""
         directory = self.cache_dir / "tokenizers"
         src = from_serialized(src_model, directory)
         tgt = src if tgt_model == src_model else from_serialized(tgt_model, directory)
-        self._tokenizers, self._splits, self._sets = (src, tgt), None, {}
+        self._tokenizers, self._splits, self._sets = (src, tgt), {}, {}
+        self.splits = STAGE_SPLITS[stage]
 
     # what the model needs
 
@@ -882,11 +890,12 @@ class TranslationDataModule(L.LightningDataModule):
         """The target side's tokenizer: decodes hypotheses."""
         return self._tokenizer_pair()[1]
 
-    def model_kwargs(self) -> dict[str, int]:
+    def model_kwargs(self) -> dict[str, int | bool]:
         src, tgt = self._tokenizer_pair()
         return {
             "src_vocab_size": src.vocab_size,
             "tgt_vocab_size": tgt.vocab_size,
+            "joint_vocab": src is tgt,
             "pad_id": PAD_ID,
             "bos_id": BOS_ID,
             "eos_id": EOS_ID,
@@ -894,18 +903,20 @@ class TranslationDataModule(L.LightningDataModule):
 
     @property
     def max_seq_len(self) -> int:
-        evals = [self._split_table()[split] for split in ("valid", "test")]
-        return max([self.max_len, *(data.longest() for data in evals if data.present)])
+        evals = [self.split_data(split) for split in ("valid", "test") if split in self.splits]
+        trained = [self.max_len] if "train" in self.splits else []
+        return max([*trained, *(data.longest() for data in evals if data.present)], default=0)
 
     def has_split(self, split: str) -> bool:
         """Whether the corpus has this split ("train", "valid" or "test")."""
-        return self._split_table()[split].present
+        return split in self.splits and self.split_data(split).present
 
     # Lightning hooks
 
     def prepare_data(self) -> None:
         """Train the tokenizer and tokenize every split, unless the cache has them."""
-        self._split_table()
+        for split in self.splits:
+            self.split_data(split)
 
     def setup(self, stage: str | None = None) -> None:
         """Open the caches and batch the splits the stage uses (all for stage None)."""

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from helpers import SHAPE, make_parts, options, small_variant
+from helpers import SHAPE, make_parts, options, small_variant, variant
 
 from attnlab.attention.core import Compute, attend
 from attnlab.model.transformer import attention_mask
@@ -57,15 +57,26 @@ FAST_COMBINATIONS = [
 ]
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("pe,synthesizer", FAST_COMBINATIONS)
-def test_fast_path_equals_plain_path(pe, synthesizer, causal):
-    torch.manual_seed(0)
-    parts = make_parts(pe, "softmax", synthesizer).double()
+def assert_paths_agree(parts, causal: bool) -> None:
     (fast_out, fast_grads), (plain_out, plain_grads) = both_paths(parts, causal)
     torch.testing.assert_close(fast_out, plain_out)
     for fast_grad, plain_grad in zip(fast_grads, plain_grads, strict=True):
         torch.testing.assert_close(fast_grad, plain_grad)  # None on both when a part is unused
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pe,synthesizer", FAST_COMBINATIONS)
+def test_fast_path_equals_plain_path(pe, synthesizer, causal):
+    torch.manual_seed(0)
+    assert_paths_agree(make_parts(pe, "softmax", synthesizer).double(), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_only_shaw_takes_the_fast_path_with_the_same_outputs_and_gradients(causal):
+    torch.manual_seed(0)
+    parts = make_parts(variant("pe", "shaw", "value_term=false"), "softmax", "dot").double()
+    assert parts.fast()
+    assert_paths_agree(parts, causal)
 
 
 def test_the_fast_path_is_taken_wherever_sdpa_is_exact_and_faster():

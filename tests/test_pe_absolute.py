@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from attnlab.config import ConfigError, build
 from attnlab.model.config import AttentionConfig, ModelConfig
-from attnlab.model.transformer import Stack, Tagger
-from attnlab.systems.base import parameter_counts
+from attnlab.model.transformer import Stack
 
 D = SHAPE.d_model
 HOOKS = ("rotate", "scale", "score_bias", "reweight", "value_term")
@@ -133,17 +132,6 @@ def test_the_learned_table_starts_normal_with_init_std(overrides, std):
     assert table.shape == (512, D)
     assert table.std().item() == pytest.approx(std, rel=0.05)
     assert abs(table.mean().item()) < 0.05 * std
-
-
-def test_learned_positions_count_as_trainable_pe_parameters():
-    cfg = tiny_config()
-    counts = {
-        option: parameter_counts(Tagger(cfg, attention(option, *overrides), 11, 5, causal=False))
-        for option, overrides in (("none", ()), ("sinusoidal", ()), ("learned", ("max_len=40",)))
-    }
-    assert counts["learned"]["pe"] == 40 * cfg.d_model
-    assert counts["learned"]["total"] - counts["none"]["total"] == 40 * cfg.d_model
-    assert counts["sinusoidal"] == counts["none"]
 
 
 def test_a_sequence_longer_than_the_learned_table_raises():

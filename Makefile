@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-fast lint format clean bench-attention bench-translation
+.PHONY: help install train test test-fast lint format clean compare bench-attention bench-translation
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -38,6 +38,10 @@ lint: install ## ruff check and format check
 format: install ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+compare: install ## compare the runs below DIR: make compare DIR=logs/probe/multiruns/<time>
+	@test -n "$(DIR)" || { echo "make compare needs DIR=<a sweep or run directory>"; exit 2; }
+	$(VENV)/bin/attnlab compare $(DIR)
 
 clean: ## remove the venv, run logs and caches (not data/ downloads)
 	rm -rf $(VENV) logs multirun outputs wandb .pytest_cache .ruff_cache .hypothesis

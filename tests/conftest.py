@@ -14,7 +14,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-QUIET = ["~logger", "callbacks.progress_bar.refresh_rate=0", "+trainer.enable_model_summary=false"]
+QUIET = [
+    "~logger",
+    "callbacks.progress_bar.refresh_rate=0",
+    "+trainer.enable_model_summary=false",
+    "extras.print_config=false",
+]
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from hydra.core.hydra_config import HydraConfig
 from attnlab.config import ConfigError, build
 
 GROUPS = [
-    "task", "pe", "norm", "synthesizer", "model", "trainer", "logger", "callbacks", "debug",
-    "experiment",
+    "task", "pe", "norm", "synthesizer", "model", "trainer", "logger", "callbacks", "extras",
+    "debug", "experiment", "hparams_search",
 ]  # fmt: skip
 
 
@@ -22,7 +22,7 @@ GROUPS = [
 )
 def test_every_option_composes_with_the_default_config(group, option, tmp_path):
     cfg = compose_config([f"{group}={option}"], tmp_path)
-    assert cfg.get(group) is not None or group in ("debug", "experiment")
+    assert cfg.get(group) is not None or group in ("debug", "experiment", "hparams_search")
     if group in ("pe", "norm", "synthesizer", "task"):
         assert cfg[group].name == option, "the YAML's name must be its file name"
 

@@ -22,19 +22,20 @@ def test_a_gau_block_computes_u_times_attention_of_v_with_shared_z(causal):
     )
     stack = Stack(cfg, spec, 1, causal=causal).double().eval()
     block = stack.blocks[0]
+    unit = block.unit
     x = torch.randn(2, 5, 16, dtype=torch.float64)
 
     h = F.layer_norm(x, (16,), block.norm.weight, block.norm.bias, cfg.layer_norm_eps)
-    u, v = F.silu(h @ block.uv.weight.T + block.uv.bias).chunk(2, -1)  # [B, L, e] each, e = 2d
-    z = F.silu(h @ block.z.weight.T + block.z.bias)  # one Z for queries and keys
-    q = z * block.gamma["q"] + block.beta["q"]
-    k = z * block.gamma["k"] + block.beta["k"]
+    u, v = F.silu(h @ unit.uv.weight.T + unit.uv.bias).chunk(2, -1)  # [B, L, e] each, e = 2d
+    z = F.silu(h @ unit.z.weight.T + unit.z.bias)  # one Z for queries and keys
+    q = z * unit.gamma["q"] + unit.beta["q"]
+    k = z * unit.gamma["k"] + unit.beta["k"]
     scores = q @ k.transpose(-2, -1) / 8**0.5
     visible = (
         torch.ones(5, 5, dtype=torch.bool).tril() if causal else torch.ones(5, 5, dtype=torch.bool)
     )
     weights = F.relu(scores).square() * visible / visible.sum(-1, keepdim=True)  # relu²/n
-    out = x + (u * (weights @ v)) @ block.out.weight.T + block.out.bias
+    out = x + (u * (weights @ v)) @ unit.out.weight.T + unit.out.bias
     expected = stack.final_norm(out)
 
     assert u.shape[-1] == 2 * cfg.d_model and not hasattr(block, "ff_in"), "no FFN in a GAU"

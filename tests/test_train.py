@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import csv
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from helpers import ROOT, options
+from helpers import ROOT, compose_config, options
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
 
+from attnlab import status
+from attnlab.config import Diverged
+from attnlab.optim import lr_factor
+from attnlab.run import print_config
 from attnlab.train import train
 
 TINY = ["model=tiny", "task.data.train_size=256", "task.data.max_len=8"]
+QUIET_OUTPUT = ["callbacks.progress_bar.refresh_rate=0", "extras.print_config=false"]
 
 
 @pytest.mark.parametrize("norm", options("norm"))
@@ -85,3 +94,68 @@ def test_ddp_over_two_cpu_processes_trains_and_tests(tmp_path):
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert (tmp_path / "train_ddp_process_1.log").is_file(), "a second rank ran"
     assert "test/acc" in result.stdout and "sync_dist=True" not in result.stderr
+
+
+def test_a_diverging_run_stops_with_one_sentence_and_records_it(make_config, tmp_path):
+    with pytest.raises(Diverged, match=r"train/loss is nan at step \d+: the run diverged"):
+        train(make_config([*TINY, "trainer.max_epochs=1", "task.optim.lr=1e38"]))
+    recorded = status.read(tmp_path)
+    assert recorded.state == "failed" and recorded.error.startswith("attnlab.config.Diverged")
+
+
+def with_loggers(overrides: list[str], tmp_path: Path) -> DictConfig:
+    """The config of a quiet run that keeps its loggers (make_config drops them)."""
+    return compose_config([*QUIET_OUTPUT, *TINY, *overrides], tmp_path)
+
+
+def metric_rows(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "csv" / "metrics.csv").open() as file:
+        return list(csv.DictReader(file))
+
+
+def test_a_run_logs_its_learning_rate_and_draws_its_attention(tmp_path):
+    cfg = with_loggers(
+        ["trainer.max_epochs=2", "task.optim.warmup_steps=3", "trainer.log_every_n_steps=1"],
+        tmp_path,
+    )
+    train(cfg)
+    rows = metric_rows(tmp_path)
+    lr = {int(r["step"]): float(r["train/lr/decay"]) for r in rows if r.get("train/lr/decay")}
+    assert len(lr) == 8, "LearningRateMonitor logged train/lr/decay at every step"
+    optim = cfg.task.optim
+    for step, value in lr.items():
+        factor = lr_factor(step, optim.warmup_steps, 8, optim.schedule)
+        assert value == pytest.approx(optim.lr * factor, rel=1e-6)
+    assert (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
+    assert status.read(tmp_path).state == "completed"
+
+
+def test_a_dry_run_draws_nothing(make_config, tmp_path):
+    train(make_config(["debug=fast", *TINY]))
+    assert not (tmp_path / "attention.png").exists()
+
+
+@pytest.mark.parametrize("debug", ["limit", "overfit", "profile"])
+def test_every_debug_config_runs_under_logs_debug(debug, make_config, tmp_path):
+    cfg = make_config([f"debug={debug}", *TINY, "trainer.max_epochs=2"])
+    assert "/debug/runs/" in HydraConfig.get().run.dir
+    metrics = train(cfg)
+    assert math.isfinite(metrics["train/loss"])
+    if debug == "profile":
+        assert "Profiler Report" in (tmp_path / "fit-profile.txt").read_text()
+
+
+def test_early_stopping_stops_a_run_that_stopped_improving(make_config, tmp_path):
+    cfg = make_config(
+        [*TINY, "callbacks=early_stopping", "callbacks.early_stopping.patience=1",
+         "callbacks.early_stopping.min_delta=2.0", "trainer.max_epochs=10"]
+    )  # fmt: skip
+    train(cfg)
+    assert status.read(tmp_path).steps == 2 * 4, "2 of 10 epochs of 4 steps"
+
+
+def test_the_config_tree_is_printed_at_the_start(make_config, capsys):
+    print_config(make_config(["pe=rope", "norm=l2"]))
+    out = capsys.readouterr().out
+    for line in ("run", "pe", "name: rope", "norm", "name: l2", "optimized_metric: val/acc"):
+        assert line in out

@@ -1,4 +1,4 @@
-"""Turning config nodes into objects, and the one error type for impossible configurations.
+"""Turning config nodes into objects, and the errors that end a run with one sentence.
 
 Every option YAML names its class in `_target_` and carries `name`, `description` and
 `paper` for people and dashboards; `build` drops those three and calls the class with the
@@ -24,6 +24,10 @@ OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
 
 class ConfigError(ValueError):
     """A configuration that cannot run; the message says what is wrong and how to fix it."""
+
+
+class Diverged(ArithmeticError):
+    """Training reached a NaN or infinite loss; the message says when and what to change."""
 
 
 def to_dict(node: Mapping[str, Any] | DictConfig) -> dict[str, Any]:

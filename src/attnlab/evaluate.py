@@ -45,6 +45,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if cfg.split not in STAGES:
         raise ConfigError(f"split={cfg.split!r} is not one of: {', '.join(STAGES)}")
     run.quiet_library_noise()
+    if cfg.extras.print_config:
+        run.print_config(cfg)
     datamodule = run.build_datamodule(cfg)
     system_class = get_class(cfg.task.system._target_)
     system_class.restore_data(datamodule, load_checkpoint(cfg.ckpt_path), STAGES[cfg.split])

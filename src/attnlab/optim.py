@@ -40,12 +40,17 @@ def configure_adamw(
     if schedule not in SCHEDULES:
         raise ConfigError(f"optim.schedule={schedule!r} is not one of: {', '.join(SCHEDULES)}")
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    groups = [  # named for LearningRateMonitor: train/lr/decay, train/lr/no_decay
+        {
+            "params": [p for p in params if p.dim() >= 2],
+            "weight_decay": weight_decay,
+            "name": "decay",
+        },
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "name": "no_decay"},
     ]
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, warmup_steps, total_steps, schedule, min_lr_ratio)
     )
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+    schedule_config = {"scheduler": scheduler, "interval": "step", "name": "train/lr"}
+    return {"optimizer": optimizer, "lr_scheduler": schedule_config}

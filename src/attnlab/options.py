@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = (
-    "task", "pe", "norm", "synthesizer", "model", "trainer", "logger", "callbacks",
-    "experiment", "debug", "paths", "hydra",
+    "task", "pe", "norm", "synthesizer", "model", "trainer", "logger", "callbacks", "extras",
+    "experiment", "hparams_search", "debug", "paths", "hydra", "hydra/launcher",
 )  # fmt: skip
 
 

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import build, to_dict
+from attnlab.config import ConfigError, build, to_dict
+from attnlab.logger.wandb import WandbLogger
+from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +60,7 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
     return build(cfg.task.data)
 
 
-def build_system(cfg: DictConfig, datamodule: Any) -> L.LightningModule:
+def build_system(cfg: DictConfig, datamodule: Any) -> System:
     system = build(
         cfg.task.system,
         model=to_dict(cfg.model),
@@ -67,24 +74,90 @@ def build_system(cfg: DictConfig, datamodule: Any) -> L.LightningModule:
     return system
 
 
+def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
+    """Hydra's instantiate, letting our ConfigErrors through unwrapped (Hydra wraps every
+    error of a constructor in an InstantiationException, traceback and all)."""
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, ConfigError):
+            raise error.__cause__ from None
+        raise
+
+
 def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.Trainer:
-    loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values()]
-    callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values()]
-    return instantiate(cfg.trainer, logger=loggers, callbacks=[*callbacks, *extra_callbacks])
+    loggers = [instantiate_node(node) for node in (cfg.get("logger") or {}).values()]
+    callbacks = [instantiate_node(node) for node in (cfg.get("callbacks") or {}).values()]
+    if not loggers:  # (~logger) Lightning refuses a LearningRateMonitor with nothing to log to
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    return instantiate_node(cfg.trainer, logger=loggers, callbacks=[*callbacks, *extra_callbacks])
 
 
-def log_hyperparameters(trainer: L.Trainer, cfg: DictConfig, counts: dict[str, int]) -> None:
-    hparams = {k: v for k, v in to_dict(cfg).items() if k not in ("paths", "hydra")}
-    hparams["params"] = counts
+NOT_LOGGED = ("paths", "hydra", "logger", "callbacks", "extras")  # where outputs go, not what ran
+METADATA = ("_target_", "description", "paper")
+
+
+def _portable(node: Any) -> Any:
+    """`node` without metadata keys and without absolute (machine-specific) paths."""
+    if isinstance(node, dict):
+        return {
+            key: _portable(value)
+            for key, value in node.items()
+            if key not in METADATA and not (isinstance(value, str) and os.path.isabs(value))
+        }
+    if isinstance(node, list):
+        return [_portable(item) for item in node]
+    return node
+
+
+def logged_config(cfg: DictConfig, system: System) -> dict[str, Any]:
+    """What loggers and dashboards record of a run: the resolved config with the groups at
+    the top level (pe, norm, synthesizer, task, model, optim, trainer, ...) and what the
+    system reports about itself (parameter counts; for translation, sacreBLEU's signature)."""
+    config = _portable({k: v for k, v in to_dict(cfg).items() if k not in NOT_LOGGED})
+    config["optim"] = config["task"].pop("optim")
+    return {**config, **system.describe()}
+
+
+def log_hyperparameters(trainer: L.Trainer, config: dict[str, Any]) -> None:
     for logger in trainer.loggers:
-        logger.log_hyperparams(hparams)
+        logger.log_hyperparams(config)
+
+
+def finish_loggers(trainer: L.Trainer, failed: bool) -> None:
+    """End what loggers keep open across a job (a W&B run), so the next job starts afresh."""
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            logger.finish(exit_code=int(failed))
+
+
+def in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def check_sweep_devices(cfg: DictConfig) -> None:
+    """A -m sweep runs one device per job: Lightning's DDP starts the extra processes by
+    running this script's command line again, which would start the whole sweep again.
+    Submitit (hydra/launcher=slurm) starts every process itself, so it may use several."""
+    devices = cfg.trainer.get("devices", 1)
+    if not in_sweep() or devices in (1, "1") or "submitit" in HydraConfig.get().launcher._target_:
+        return
+    raise ConfigError(
+        f"trainer.devices={devices} inside a -m sweep: Lightning's DDP would start the sweep "
+        "again in every extra process; run one device per job (trainer=gpu or trainer=cpu), "
+        "or launch the sweep on SLURM (hydra/launcher=slurm), which starts the processes itself"
+    )
 
 
 def summary(
     cfg: DictConfig, counts: dict[str, int], metrics: dict[str, float], run_dir: str
 ) -> str:
     """The short report a run ends with."""
-    shown = {k: v for k, v in sorted(metrics.items()) if "/acc_pos/" not in k and k != "train/lr"}
+    shown = {
+        k: v
+        for k, v in sorted(metrics.items())
+        if "/acc_pos/" not in k and not k.startswith("train/lr/")
+    }
     width = max(len(k) for k in ["synthesizer", *shown])
     parts = ", ".join(f"{k} {v:,}" for k, v in counts.items() if k != "total")
     lines = [
@@ -107,5 +180,17 @@ def resolve_output_dir(cfg: DictConfig) -> str:
     return str(Path(cfg.paths.output_dir).resolve())
 
 
+@rank_zero_only
 def print_config(cfg: DictConfig) -> None:
-    log.info("config:\n%s", OmegaConf.to_yaml(cfg, resolve=True))
+    """The resolved config as a tree, a branch per group, at the start of a run."""
+    from rich.console import Console
+    from rich.syntax import Syntax
+    from rich.tree import Tree
+
+    tree = Tree("config", guide_style="dim")
+    nodes = {k: v for k, v in cfg.items() if isinstance(v, DictConfig)}
+    run_keys = {k: v for k, v in cfg.items() if k not in nodes}
+    for name, node in {"run": OmegaConf.create(run_keys), **nodes}.items():
+        text = OmegaConf.to_yaml(node, resolve=True).rstrip()
+        tree.add(str(name), style="bold").add(Syntax(text, "yaml", theme="ansi_dark"))
+    Console().print(tree)

@@ -1,6 +1,10 @@
 """Train one configuration: `python train.py pe=rope norm=l2 task=probe` (see README).
 
-Returns the value of `optimized_metric`, so Hydra sweepers can optimize over runs.
+Returns the best value of `optimized_metric`, so Hydra sweepers can optimize over runs.
+Every run records its state in <run dir>/status.json (`attnlab.status`). In a -m sweep, a
+job that fails is recorded, logged with its traceback and scored NaN (Optuna marks the trial
+failed), and the sweep goes on; the sweep ends by printing the comparison of its jobs and
+exits non-zero if any failed (`attnlab.compare.sweep`).
 Lightning is imported inside the functions, so `--help` and config errors stay fast.
 """
 
@@ -8,56 +12,100 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config import ConfigError
+from attnlab.config import ConfigError, Diverged
+
+if TYPE_CHECKING:
+    import lightning as L
+
+    from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+STOPS = (ConfigError, Diverged)  # errors that say everything in one sentence
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit, then test the best checkpoint; returns the final metrics."""
+    """Fit, then test the best checkpoint; returns the final metrics, and the best value of
+    the optimized metric as `best/<metric>`."""
     import lightning as L
+    from lightning.pytorch.utilities import rank_zero_only
 
-    from attnlab import run
+    from attnlab import run, status
 
     run.quiet_library_noise()
-    L.seed_everything(cfg.seed, workers=True)
-    datamodule = run.build_datamodule(cfg)
-    if cfg.test and not datamodule.has_split("test"):
-        raise ConfigError(
-            "the data has no test split: pass test=false (and evaluate split=val with eval.py)"
-        )
-    system = run.build_system(cfg, datamodule)
-    trainer = run.build_trainer(cfg, [run.RunRecord(cfg)])
-    counts = system.parameter_counts()
-    run.log_hyperparameters(trainer, cfg, counts)
+    if cfg.extras.print_config:
+        run.print_config(cfg)
+    output_dir = run.resolve_output_dir(cfg)
+    with status.tracking(Path(output_dir), enabled=rank_zero_only.rank == 0) as tracker:
+        run.check_sweep_devices(cfg)
+        L.seed_everything(cfg.seed, workers=True)
+        datamodule = run.build_datamodule(cfg)
+        if cfg.test and not datamodule.has_split("test"):
+            raise ConfigError(
+                "the data has no test split: pass test=false (and evaluate split=val with eval.py)"
+            )
+        system = run.build_system(cfg, datamodule)
+        counts = system.parameter_counts()
+        tracker.update(params=counts["total"])
+        trainer = run.build_trainer(cfg, [run.RunRecord(cfg)])
+        try:
+            run.log_hyperparameters(trainer, run.logged_config(cfg, system))
+            metrics = fit_and_test(cfg, trainer, system, datamodule)
+        except BaseException:
+            run.finish_loggers(trainer, failed=True)
+            raise
+        finally:
+            tracker.update(steps=trainer.global_step)
+        run.finish_loggers(trainer, failed=False)
+    print(run.summary(cfg, counts, metrics, output_dir), flush=True)
+    return metrics
+
+
+def fit_and_test(
+    cfg: DictConfig, trainer: L.Trainer, system: System, datamodule: L.LightningDataModule
+) -> dict[str, float]:
+    from attnlab import run
+
     metrics: dict[str, float] = {}
+    checkpoint = trainer.checkpoint_callback
     if cfg.train:
         trainer.fit(system, datamodule, ckpt_path=cfg.ckpt_path)
         metrics.update(run.scalar_metrics(trainer.callback_metrics))
+        if checkpoint is not None and checkpoint.best_model_score is not None:
+            metrics[f"best/{cfg.optimized_metric}"] = float(checkpoint.best_model_score)
     if cfg.test:
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        best = checkpoint.best_model_path if checkpoint is not None else ""
         if not best:
             log.warning("no best checkpoint was saved: testing the final weights")
         (results,) = trainer.test(system, datamodule, ckpt_path=best or None, verbose=False)
         metrics.update(run.scalar_metrics(results))
-    output_dir = run.resolve_output_dir(cfg)
-    print(run.summary(cfg, counts, metrics, output_dir), flush=True)
     return metrics
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    from attnlab.run import in_sweep
+
     try:
         metrics = train(cfg)
-    except ConfigError as error:
-        raise SystemExit(f"attnlab: {error}") from None
-    return metrics.get(cfg.optimized_metric)
+    except Exception as error:
+        if not in_sweep():
+            if isinstance(error, STOPS):
+                raise SystemExit(f"attnlab: {error}") from None
+            raise
+        if isinstance(error, STOPS):
+            log.error("this job failed, the sweep goes on: %s", error)
+        else:
+            log.exception("this job failed, the sweep goes on")
+        return float("nan")  # what Optuna records as a failed trial
+    metric = cfg.optimized_metric
+    return metrics.get(f"best/{metric}", metrics.get(metric))
 
 
 if __name__ == "__main__":

@@ -122,25 +122,60 @@ def attend(
             args = (x[:, rows], block_q, k, v, q_pos[rows], k_pos, block_mask, whole)
             blocks.append(checkpoint(attend, parts, layer, *args, use_reentrant=False))
         return torch.cat(blocks, 2)
-    pe = parts.pe
     synthesis = parts.synthesizer(x, q_pos, k_pos, layer)
-    extra = _add(synthesis.logits, pe.score_bias(q, k, q_pos, k_pos, layer))
-    dot = synthesis.dot
+    extra = _add(synthesis.logits, parts.pe.score_bias(q, k, q_pos, k_pos, layer))
+    if synthesis.dot is not None and compute.fast and parts.fast():
+        assert q is not None and k is not None
+        if extra is not None:
+            extra = extra.to(q.dtype)  # float32 bias tables with bf16 activations
+            mask = extra if mask is None else torch.where(mask, extra, float("-inf"))
+        q, scale = _scaled_dot(parts, synthesis.dot, q)
+        return F.scaled_dot_product_attention(q, k, v, mask, compute.dropout, scale=scale)
+    weights = _weights(parts, layer, synthesis.dot, extra, q, k, q_pos, k_pos, mask)
+    weights = F.dropout(weights, compute.dropout, training=compute.dropout > 0)
+    return _add(torch.matmul(weights, v), parts.pe.value_term(weights, q_pos, k_pos, layer))
+
+
+def attention_weights(
+    parts: AttentionParts,
+    layer: int,
+    x: Tensor,
+    q: Tensor | None,
+    k: Tensor | None,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    mask: Tensor | None,
+) -> Tensor:
+    """The weights [B, H, Lq, Lk] that `attend` applies to v (without dropout), by the plain
+    path; for looking at them (the fused path never forms them)."""
+    synthesis = parts.synthesizer(x, q_pos, k_pos, layer)
+    extra = _add(synthesis.logits, parts.pe.score_bias(q, k, q_pos, k_pos, layer))
+    return _weights(parts, layer, synthesis.dot, extra, q, k, q_pos, k_pos, mask)
+
+
+def _scaled_dot(parts: AttentionParts, dot: Tensor | float, q: Tensor) -> tuple[Tensor, float]:
+    """q times the synthesizer's dot weight, and the PE's scale for q·k."""
+    scale = parts.pe.scale(q.shape[-1])
+    return (q if isinstance(dot, float) and dot == 1.0 else q * dot), scale
+
+
+def _weights(
+    parts: AttentionParts,
+    layer: int,
+    dot: Tensor | float | None,
+    extra: Tensor | None,
+    q: Tensor | None,
+    k: Tensor | None,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    mask: Tensor | None,
+) -> Tensor:
     if dot is not None:
         assert q is not None and k is not None
-        scale = pe.scale(q.shape[-1])
-        q = q if isinstance(dot, float) and dot == 1.0 else q * dot
-        if compute.fast and parts.fast():
-            if extra is not None:
-                extra = extra.to(q.dtype)  # float32 bias tables with bf16 activations
-                mask = extra if mask is None else torch.where(mask, extra, float("-inf"))
-            return F.scaled_dot_product_attention(q, k, v, mask, compute.dropout, scale=scale)
+        q, scale = _scaled_dot(parts, dot, q)
         extra = _add(torch.matmul(q * scale, k.transpose(-2, -1)), extra)
     assert extra is not None, "a synthesizer must give a dot product, logits or both"
-    weights = parts.norm(extra, mask)
-    weights = pe.reweight(weights, q_pos, k_pos, layer)
-    weights = F.dropout(weights, compute.dropout, training=compute.dropout > 0)
-    return _add(torch.matmul(weights, v), pe.value_term(weights, q_pos, k_pos, layer))
+    return parts.pe.reweight(parts.norm(extra, mask), q_pos, k_pos, layer)
 
 
 @dataclass
@@ -219,6 +254,39 @@ class Attention(nn.Module):
     def _heads(self, x: Tensor | None, width: int) -> Tensor | None:
         return split_heads(x, self.shape.n_heads) if width else None
 
+    def project(
+        self,
+        x: Tensor,
+        parts: AttentionParts,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        memory: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor | None, Tensor | None, Tensor]:
+        """q, k, v [B, H, L, d] (rotated by the PE), with the cache's keys and values."""
+        qw, kw, vw = self.widths
+        pe = parts.pe
+        if self.cross:
+            q = pe.rotate(self._heads(self.q_proj(x), qw), q_pos)
+            if cache is not None and cache.v is not None:
+                return q, cache.k, cache.v
+            k, v = self.kv_proj(memory).split((kw, vw), -1)
+            k, v = pe.rotate(self._heads(k, kw), k_pos), self._heads(v, vw)
+            if cache is not None:
+                cache.k, cache.v = k, v
+            return q, k, v
+        q, k, v = self.qkv_proj(x).split(self.widths, -1)
+        q = self._heads(q, qw)
+        k = self._heads(k, kw)
+        v = split_heads(v, self.shape.n_heads)
+        if q is not None:
+            q = pe.rotate(q, q_pos)
+        if k is not None:
+            k = pe.rotate(k, q_pos)
+        if cache is not None:
+            k, v = cache.extend(k, v)
+        return q, k, v
+
     def forward(
         self,
         x: Tensor,
@@ -229,28 +297,20 @@ class Attention(nn.Module):
         memory: Tensor | None = None,
         cache: KVCache | None = None,
     ) -> Tensor:
-        qw, kw, vw = self.widths
-        pe = parts.pe
-        if self.cross:
-            q = pe.rotate(self._heads(self.q_proj(x), qw), q_pos)
-            if cache is not None and cache.v is not None:
-                k, v = cache.k, cache.v
-            else:
-                k, v = self.kv_proj(memory).split((kw, vw), -1)
-                k, v = pe.rotate(self._heads(k, kw), k_pos), self._heads(v, vw)
-                if cache is not None:
-                    cache.k, cache.v = k, v
-        else:
-            q, k, v = self.qkv_proj(x).split(self.widths, -1)
-            q = self._heads(q, qw)
-            k = self._heads(k, kw)
-            v = split_heads(v, self.shape.n_heads)
-            if q is not None:
-                q = pe.rotate(q, q_pos)
-            if k is not None:
-                k = pe.rotate(k, q_pos)
-            if cache is not None:
-                k, v = cache.extend(k, v)
+        q, k, v = self.project(x, parts, q_pos, k_pos, memory, cache)
         compute = self.compute if self.training else replace(self.compute, dropout=0.0)
         out = attend(parts, self.layer, x, q, k, v, q_pos, k_pos, mask, compute)
         return self.out_proj(merge_heads(out))
+
+    def weights(
+        self,
+        x: Tensor,
+        parts: AttentionParts,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        mask: Tensor | None,
+        memory: Tensor | None = None,
+    ) -> Tensor:
+        """The attention weights [B, H, Lq, Lk] of `forward` with the same inputs, no cache."""
+        q, k, _ = self.project(x, parts, q_pos, k_pos, memory)
+        return attention_weights(parts, self.layer, x, q, k, q_pos, k_pos, mask)

@@ -20,20 +20,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.core import AttentionParts, KVCache, attend, linear
+from attnlab.attention.core import AttentionParts, KVCache, attend, attention_weights, linear
 from attnlab.attention.shape import StackShape
 from attnlab.model.blocks import CrossAttentionSublayer, LayerCache, StackInputs, out_std, residual
 from attnlab.model.config import ModelConfig
 
 
-class GAUBlock(nn.Module):
-    def __init__(
-        self, cfg: ModelConfig, shape: StackShape, layer: int, parts: AttentionParts, cross: bool
-    ) -> None:
+class GatedAttentionUnit(nn.Module):
+    """The unit inside the residual connection: X -> (U ⊙ A V) W_o."""
+
+    def __init__(self, cfg: ModelConfig, shape: StackShape, layer: int, parts: AttentionParts):
         super().__init__()
         d, s, e = cfg.d_model, shape.head_dim, shape.value_dim
-        self.layer, self.norm_first = layer, cfg.norm_first
-        self.compute = cfg.compute
+        self.layer, self.compute = layer, cfg.compute
         self.uv = linear(d, 2 * e, True, cfg.init_std)
         self.needs_query, self.needs_key = parts.needs_query, parts.needs_key
         self.z = linear(d, s, True, cfg.init_std) if self.needs_query or self.needs_key else None
@@ -43,31 +42,48 @@ class GAUBlock(nn.Module):
             self.gamma[name] = nn.Parameter(torch.randn(s) * 0.02)
             self.beta[name] = nn.Parameter(torch.zeros(s))
         self.out = linear(e, d, True, out_std(cfg, shape.n_layers))
-        self.norm = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.cross = CrossAttentionSublayer(cfg, layer) if cross else None
 
-    def unit(self, x: Tensor, inputs: StackInputs, cache: KVCache | None) -> Tensor:
+    def project(
+        self, x: Tensor, inputs: StackInputs, cache: KVCache | None = None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
+        """u [B, L, e] and one head of q, k (rotated by the PE) and v, with the cache's."""
         pe = inputs.parts.pe
         u, v = F.silu(self.uv(x)).chunk(2, -1)
         v = v[:, None]  # one head
         z = F.silu(self.z(x))[:, None] if self.z is not None else None
-        q = (
-            pe.rotate(z * self.gamma["q"] + self.beta["q"], inputs.q_pos)
-            if self.needs_query
-            else None
-        )
-        k = (
-            pe.rotate(z * self.gamma["k"] + self.beta["k"], inputs.q_pos)
-            if self.needs_key
-            else None
-        )
+        q = k = None
+        if self.needs_query:
+            q = pe.rotate(z * self.gamma["q"] + self.beta["q"], inputs.q_pos)
+        if self.needs_key:
+            k = pe.rotate(z * self.gamma["k"] + self.beta["k"], inputs.q_pos)
         if cache is not None:
             k, v = cache.extend(k, v)
+        return u, q, k, v
+
+    def forward(self, x: Tensor, inputs: StackInputs, cache: KVCache | None = None) -> Tensor:
+        u, q, k, v = self.project(x, inputs, cache)
         compute = self.compute if self.training else replace(self.compute, dropout=0.0)
         parts, q_pos, k_pos = inputs.parts, inputs.q_pos, inputs.k_pos
         a = attend(parts, self.layer, x, q, k, v, q_pos, k_pos, inputs.mask, compute)
         return self.out(u * a[:, 0])
+
+    def weights(self, x: Tensor, inputs: StackInputs) -> Tensor:
+        """The attention weights A [B, 1, Lq, Lk] of `forward` with the same inputs, no cache."""
+        _, q, k, _ = self.project(x, inputs)
+        parts, q_pos, k_pos = inputs.parts, inputs.q_pos, inputs.k_pos
+        return attention_weights(parts, self.layer, x, q, k, q_pos, k_pos, inputs.mask)
+
+
+class GAUBlock(nn.Module):
+    def __init__(
+        self, cfg: ModelConfig, shape: StackShape, layer: int, parts: AttentionParts, cross: bool
+    ) -> None:
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.unit = GatedAttentionUnit(cfg, shape, layer, parts)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.cross = CrossAttentionSublayer(cfg, layer) if cross else None
 
     def forward(self, x: Tensor, inputs: StackInputs, cache: LayerCache) -> Tensor:
         x = residual(

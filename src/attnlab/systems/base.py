@@ -1,9 +1,12 @@
-"""What every task's LightningModule shares: the optimizer and the parameter counts."""
+"""What every task's LightningModule shares: the optimizer, the parameter counts, and what
+`train.py` and the callbacks may ask of a system."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
-from torch import nn
+from torch import Tensor, nn
 
 from attnlab.norm.base import Normalizer
 from attnlab.optim import configure_adamw
@@ -39,10 +42,16 @@ class System(L.LightningModule):
     def parameter_counts(self) -> dict[str, int]:
         return parameter_counts(self)
 
+    def describe(self) -> dict[str, Any]:
+        """What loggers record about the system besides the config."""
+        return {"params": self.parameter_counts()}
+
+    def attention_maps(self, batch: Any) -> dict[str, Tensor]:
+        """The weights [H, Lq, Lk] of every attention layer on one fixed example of `batch`
+        (its longest), keyed by layer name."""
+        raise NotImplementedError
+
     @staticmethod
     def restore_data(datamodule: L.LightningDataModule, checkpoint: dict, stage: str) -> None:
         """Give the datamodule what the checkpoint's model depends on, for evaluating at
         `stage` ("validate" or "test"; eval.py calls this)."""
-
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"])

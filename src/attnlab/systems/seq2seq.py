@@ -4,28 +4,42 @@ Trains with label-smoothed cross-entropy on teacher-forced targets. Each validat
 val/loss and the corpus BLEU and chrF of greedy (decode.val_beam) hypotheses; testing uses
 beam search (decode.beam). BLEU and chrF are sacreBLEU's own (its defaults: 13a
 tokenization, exp smoothing; 0-100), on detokenized hypotheses against the raw references,
-computed once every rank has every hypothesis, so each rank logs the same value. Hypotheses are written in corpus order to <run dir>/hypotheses/, and a few
-sample translations are logged at each validation.
+computed once every rank has every hypothesis, so each rank logs the same value.
+Hypotheses are written in corpus order to <run dir>/hypotheses/; a few sample translations
+go to the log at each validation, and to W&B as a table.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 import torch.nn.functional as F
+from lightning.pytorch.loggers import WandbLogger
 from sacrebleu.metrics import BLEU, CHRF
 from torch import Tensor
 
 from attnlab.decoding import DecodeConfig, translate
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import EncoderDecoder
 from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)
 SAMPLES = 3  # sample translations logged per validation
 TOKENIZERS = "tokenizers"  # checkpoint entry: the source and target SentencePiece models
+
+
+def metric_signatures() -> dict[str, str]:
+    """sacreBLEU's signatures of the BLEU and chrF computed here (one reference per sentence;
+    sacreBLEU states a signature only once it has scored something)."""
+    signatures = {}
+    for name, metric in (("bleu", BLEU()), ("chrf", CHRF())):
+        metric.corpus_score(["a"], [["a"]])
+        signatures[name] = str(metric.get_signature())
+    return signatures
 
 
 def gather_objects(items: list) -> list:
@@ -55,7 +69,7 @@ class Seq2SeqSystem(System):
         decode: dict | None = None,
     ) -> None:
         super().__init__(optim)
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # loggers get the run's config (train.py)
         self.net = EncoderDecoder(
             ModelConfig.from_config(model),
             AttentionConfig.from_config(pe, norm, synthesizer),
@@ -69,6 +83,18 @@ class Seq2SeqSystem(System):
         self.hypotheses: list[
             tuple[int, str, str, str]
         ] = []  # index, source, reference, hypothesis
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "sacrebleu": metric_signatures()}
+
+    def attention_maps(self, batch: dict) -> dict[str, Tensor]:
+        src_length = (batch["src"] != self.pad_id).sum(-1)
+        row = int(src_length.argmax())
+        src = batch["src"][row : row + 1, : int(src_length[row])].to(self.device)
+        tgt = batch["tgt"][row : row + 1]
+        tgt = tgt[:, : int((tgt != self.pad_id).sum()) - 1].to(self.device)  # the decoder's input
+        maps = attention_maps(self.net, lambda: self.net(src, src == self.pad_id, tgt))
+        return {name: weights[0] for name, weights in maps.items()}
 
     def check_lengths(self, datamodule) -> None:
         self.net.encoder.check_length(datamodule.max_seq_len)
@@ -134,7 +160,7 @@ class Seq2SeqSystem(System):
         for _, source, reference, hypothesis in rows:
             log.info("sample\n  src: %s\n  ref: %s\n  hyp: %s", source, reference, hypothesis)
         for logger in self.loggers:
-            if hasattr(logger, "log_text"):
+            if isinstance(logger, WandbLogger):
                 data = [list(row[1:]) for row in rows]
                 logger.log_text(
                     "val/samples", columns=["source", "reference", "hypothesis"], data=data

@@ -13,6 +13,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from attnlab.metrics import AccuracyByPosition
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import Tagger
 from attnlab.systems.base import System
 from attnlab.tasks.probe import IGNORE
@@ -45,7 +46,7 @@ class TaggerSystem(System):
         causal: bool = False,
     ) -> None:
         super().__init__(optim)
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # loggers get the run's config (train.py)
         self.net = Tagger(
             ModelConfig.from_config(model),
             AttentionConfig.from_config(pe, norm, synthesizer),
@@ -81,6 +82,13 @@ class TaggerSystem(System):
             if value == value:  # NaN: no token at this position was evaluated
                 self.log(f"{stage}/acc_pos/{position}", value, sync_dist=True)  # equal on all ranks
         accuracy.reset()
+
+    def attention_maps(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        visible = ~batch["padding"]
+        row = int(visible.sum(-1).argmax())
+        tokens = batch["tokens"][row : row + 1, visible[row]].to(self.device)
+        maps = attention_maps(self.net, lambda: self.net(tokens, None))
+        return {name: weights[0] for name, weights in maps.items()}
 
     def check_lengths(self, datamodule) -> None:
         self.net.stack.check_length(datamodule.max_seq_len)

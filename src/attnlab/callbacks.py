@@ -1,0 +1,60 @@
+"""Lightning callbacks of our own (conf/callbacks/default.yaml lists every callback of a run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+from attnlab.config import Diverged
+from attnlab.plots import attention_figure, save
+from attnlab.systems.base import System
+
+
+class FiniteLoss(L.Callback):
+    """Stops a diverged run at once with an error that says so, rather than training on NaN."""
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, index: int
+    ) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        # decided together, so that every DDP rank stops at the same step
+        if not trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True):
+            raise Diverged(
+                f"train/loss is {float(loss)} at step {trainer.global_step}: the run diverged; "
+                "lower task.optim.lr or raise task.optim.warmup_steps"
+            )
+
+
+class AttentionMaps(L.Callback):
+    """At the end of training, draws the attention weights of every layer and head for one
+    fixed validation example (the longest of the first batch) into <run dir>/<filename>,
+    and logs the image to W&B when a W&B logger is on."""
+
+    def __init__(self, filename: str = "attention.png") -> None:
+        self.filename = filename
+
+    @rank_zero_only
+    def on_train_end(self, trainer: L.Trainer, module: System) -> None:
+        if trainer.fast_dev_run:
+            return  # a dry run writes nothing
+        batch = next(iter(trainer.datamodule.val_dataloader()))
+        was_training = module.training
+        module.eval()
+        try:
+            maps = module.attention_maps(batch)
+        finally:
+            module.train(was_training)
+        length = next(iter(maps.values())).shape[-1]
+        figure = attention_figure(
+            {name: weights.float().cpu().numpy() for name, weights in maps.items()},
+            f"attention weights: the longest example of the first validation batch ({length} keys)",
+        )
+        path = save(figure, Path(trainer.default_root_dir) / self.filename)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_image("attention", [str(path)], step=trainer.global_step)

@@ -1,0 +1,198 @@
+"""`attnlab compare DIR`: one table of every run below DIR, with plots, written into DIR.
+
+    comparison.md    the table (one row per run: the swept overrides, state, final and best
+                     optimized metric, the other test metrics, parameters, steps, wall time,
+                     and the last line of the error of a run that failed) and the plots
+    comparison.csv   the same rows, unrounded
+    curves_<metric>.png          every run's validation curve of each metric on one axis
+    acc_by_position.png          accuracy by position, runs × positions (the probe)
+
+Rows are sorted by the best value of the optimized metric; runs that failed or never
+finished keep their row, marked so. Needs no service: only the run directories.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from attnlab.compare.runs import BY_POSITION, Run, find_runs
+from attnlab.config import ConfigError
+from attnlab.plots import curves_figure, heatmap_figure, save
+
+Row = dict[str, object]
+
+
+@dataclass
+class Comparison:
+    directory: Path
+    runs: list[Run]
+    rows: list[Row]
+    plots: list[Path]
+
+    @property
+    def failed(self) -> list[Run]:
+        return [run for run in self.runs if run.state not in ("completed", "running")]
+
+    def table(self) -> str:
+        return markdown_table(self.rows)
+
+
+def swept_keys(runs: list[Run]) -> list[str]:
+    """Override keys whose value differs between runs, in command-line order."""
+    keys = list(dict.fromkeys(key for run in runs for key in run.overrides))
+    return [k for k in keys if len({run.overrides.get(k) for run in runs}) > 1]
+
+
+def labels(runs: list[Run], keys: list[str]) -> dict[str, str]:
+    """A legend label per run name: its swept overrides (its name where that is ambiguous)."""
+    found = {
+        run.name: ",".join(f"{k}={run.overrides[k]}" for k in keys if k in run.overrides)
+        for run in runs
+    }
+    counts = list(found.values()).count
+    return {name: text if text and counts(text) == 1 else name for name, text in found.items()}
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def number_or_text(value: str) -> float | str:
+    """A swept value as a number where it is one with a fraction (lr=0.000241... prints short)."""
+    try:
+        return float(value) if any(c in value for c in ".eE") else value
+    except ValueError:
+        return value
+
+
+def row(run: Run, keys: list[str], test_metrics: list[str]) -> Row:
+    metric = run.setting("optimized_metric") or ""
+    mode = run.setting("task.metric_mode") or "max"
+    cells: Row = {"run": run.name}
+    cells.update({key: number_or_text(run.overrides.get(key, "")) for key in keys})
+    if not keys:
+        cells["overrides"] = ",".join(f"{k}={v}" for k, v in run.overrides.items())
+    cells.update(
+        state=run.state,
+        metric=metric,
+        final=run.last(metric),
+        best=run.best(metric, mode),
+        **{name: run.last(name) for name in test_metrics},
+        params=run.status.params if run.status else None,
+        steps=run.steps(),
+        wall_time=duration(run.status.wall_time) if run.status else None,
+        error=(run.status.error if run.status else None) or "",
+    )
+    return cells
+
+
+def sort_key(run: Run, cells: Row) -> tuple[int, float]:
+    """Best first by the run's own metric mode; runs without a value last."""
+    best = cells["best"]
+    if not isinstance(best, float):
+        return (1, 0.0)
+    return (0, -best if run.setting("task.metric_mode") != "min" else best)
+
+
+def format_cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(rows: list[Row]) -> str:
+    columns = list(dict.fromkeys(key for cells in rows for key in cells))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += [
+        "| " + " | ".join(format_cell(cells.get(c)) for c in columns) + " |" for cells in rows
+    ]
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    columns = list(dict.fromkeys(key for cells in rows for key in cells))
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_curves(runs: list[Run], names: dict[str, str], directory: Path) -> list[Path]:
+    paths = []
+    for metric in metric_names(runs, "val/"):
+        curves = {
+            names[run.name]: tuple(zip(*run.metrics[metric], strict=True))
+            for run in runs
+            if run.metrics.get(metric)
+        }
+        name = f"curves_{metric.replace('/', '_')}.png"
+        paths.append(save(curves_figure(curves, metric), directory / name))
+    return paths
+
+
+def plot_by_position(runs: list[Run], names: dict[str, str], directory: Path) -> list[Path]:
+    accuracy = {names[run.name]: run.by_position() for run in runs}
+    accuracy = {name: values for name, values in accuracy.items() if values}
+    if not accuracy:
+        return []
+    positions = sorted({p for values in accuracy.values() for p in values})
+    matrix = np.array([[values.get(p, np.nan) for p in positions] for values in accuracy.values()])
+    figure = heatmap_figure(
+        matrix, list(accuracy), [str(p) for p in positions], "accuracy by position"
+    )
+    return [save(figure, directory / "acc_by_position.png")]
+
+
+def metric_names(runs: list[Run], prefix: str) -> list[str]:
+    """The metrics some run logged under `prefix`, accuracy by position aside."""
+    found = {m for run in runs for m in run.metrics if m.startswith(prefix)}
+    return sorted(m for m in found if not BY_POSITION.fullmatch(m))
+
+
+def compare(directory: Path) -> Comparison:
+    """Read every run below `directory`, write the comparison files into it."""
+    if not directory.is_dir():
+        raise ConfigError(f"{directory} is not a directory: pass a run or a sweep directory")
+    runs = find_runs(directory)
+    if not runs:
+        raise ConfigError(
+            f"{directory} holds no runs (no .hydra/config.yaml below it): pass a run or sweep "
+            "directory, e.g. logs/probe/multiruns/<time>"
+        )
+    keys = swept_keys(runs)
+    test_metrics = metric_names(runs, "test/")
+    pairs = sorted(
+        ((run, row(run, keys, test_metrics)) for run in runs), key=lambda p: sort_key(*p)
+    )
+    runs, rows = [run for run, _ in pairs], [cells for _, cells in pairs]
+    names = labels(runs, keys)
+    plots = plot_curves(runs, names, directory) + plot_by_position(runs, names, directory)
+    comparison = Comparison(directory, runs, rows, plots)
+    write_csv(rows, directory / "comparison.csv")
+    (directory / "comparison.md").write_text(document(comparison))
+    return comparison
+
+
+def document(comparison: Comparison) -> str:
+    lines = [
+        f"# Comparison of {len(comparison.runs)} runs in `{comparison.directory}`",
+        "",
+        "Sorted by the best value of each run's optimized metric (`metric`); `final` is its "
+        "last value. Test metrics are those of the best checkpoint.",
+        "",
+        comparison.table(),
+        "",
+    ]
+    lines += [f"![{path.stem}]({path.name})\n" for path in comparison.plots]
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""What a run directory says about its run: overrides, config, metrics and state.
+
+A run directory is one that Hydra gave a `.hydra/config.yaml` (every train.py run and every
+job of a sweep). Its metrics are Lightning's `csv/metrics.csv`; its state is train.py's
+`status.json` (see `attnlab.status`). Everything is read as data (YAML, CSV, JSON).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab import status
+from attnlab.status import RunStatus
+
+BY_POSITION = re.compile(r"(?P<stage>\w+)/acc_pos/(?P<position>\d+)")
+Series = list[tuple[int, float]]  # (step, value)
+
+
+@dataclass
+class Run:
+    path: Path
+    name: str  # the path relative to the compared directory
+    overrides: dict[str, str]  # key -> value of each command-line override
+    config: DictConfig
+    metrics: dict[str, Series]
+    status: RunStatus | None
+
+    def setting(self, key: str) -> str | None:
+        """A config value, e.g. "optimized_metric" or "task.metric_mode" (None if absent)."""
+        value = OmegaConf.select(self.config, key, default=None, throw_on_resolution_failure=False)
+        return None if value is None else str(value)
+
+    @property
+    def state(self) -> str:
+        """completed, failed, interrupted, running, or unfinished (a run that stopped without
+        recording an end: killed, or older than status files)."""
+        if self.status is None:
+            return "unfinished"
+        if self.status.state == "running" and not self.status.alive():
+            return "unfinished"
+        return self.status.state
+
+    def last(self, metric: str) -> float | None:
+        series = self.metrics.get(metric)
+        return series[-1][1] if series else None
+
+    def best(self, metric: str, mode: str) -> float | None:
+        values = [value for _, value in self.metrics.get(metric, [])]
+        return (max if mode == "max" else min)(values) if values else None
+
+    def steps(self) -> int | None:
+        if self.status is not None and self.status.steps is not None:
+            return self.status.steps
+        return max((step for series in self.metrics.values() for step, _ in series), default=None)
+
+    def by_position(self) -> dict[int, float]:
+        """Accuracy by position: at test if the run was tested, else at its last validation."""
+        found: dict[str, dict[int, float]] = {}
+        for key, series in self.metrics.items():
+            match = BY_POSITION.fullmatch(key)
+            if match and series:
+                found.setdefault(match["stage"], {})[int(match["position"])] = series[-1][1]
+        return found.get("test") or found.get("val") or {}
+
+
+def parse_override(override: str) -> tuple[str, str]:
+    key, _, value = override.partition("=")
+    return key.lstrip("+~"), value
+
+
+def read_metrics(path: Path) -> dict[str, Series]:
+    """Each metric's logged (step, value) pairs, in order; a run still writing its file may
+    leave a last row cut short, which is skipped."""
+    metrics: dict[str, Series] = {}
+    try:
+        with path.open(newline="") as file:
+            for row in csv.DictReader(file):
+                step = row.get("step")
+                if not step:
+                    continue
+                for key, value in row.items():
+                    if key in ("step", "epoch") or not key or not value:
+                        continue
+                    try:
+                        number = float(value)
+                    except ValueError:
+                        continue
+                    if not math.isnan(number):
+                        metrics.setdefault(key, []).append((int(float(step)), number))
+    except FileNotFoundError:
+        pass
+    return metrics
+
+
+def read_run(run_dir: Path, root: Path) -> Run:
+    hydra_dir = run_dir / ".hydra"
+    overrides_file = hydra_dir / "overrides.yaml"
+    overrides = OmegaConf.load(overrides_file) if overrides_file.is_file() else []
+    return Run(
+        path=run_dir,
+        name=str(run_dir.relative_to(root)) if run_dir != root else run_dir.name,
+        overrides=dict(parse_override(str(item)) for item in overrides),
+        config=OmegaConf.load(hydra_dir / "config.yaml"),
+        metrics=read_metrics(run_dir / "csv" / "metrics.csv"),
+        status=status.read(run_dir),
+    )
+
+
+def job_order(path: Path) -> tuple:
+    """Sweep jobs in number order (2 before 10), other directories by name."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.parts)
+
+
+def find_runs(directory: Path) -> list[Run]:
+    """Every run at or below `directory`."""
+    run_dirs = {config.parent.parent for config in directory.rglob(".hydra/config.yaml")}
+    return [read_run(run_dir, directory) for run_dir in sorted(run_dirs, key=job_order)]

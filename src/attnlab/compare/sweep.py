@@ -1,0 +1,28 @@
+"""The end of a -m sweep: compare its jobs, print the table, fail if any job failed.
+
+A Hydra callback (conf/hydra/default.yaml): `on_multirun_end` runs in the process that
+launched the sweep, after every job (joblib: in parallel; SLURM: on the cluster) is done.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from attnlab.compare.report import compare
+
+
+class CompareAtSweepEnd(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        directory = Path(config.hydra.sweep.dir)
+        comparison = compare(directory)
+        print(f"\n{comparison.table()}\n\ncomparison: {directory / 'comparison.md'}", flush=True)
+        if comparison.failed:
+            jobs = ", ".join(f"{run.name} ({run.state})" for run in comparison.failed)
+            raise SystemExit(
+                f"attnlab: {len(comparison.failed)} of {len(comparison.runs)} jobs did not "
+                f"complete: {jobs}; their errors are in comparison.md and in each job's train.log"
+            )

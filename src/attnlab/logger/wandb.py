@@ -1,0 +1,167 @@
+"""Weights & Biases logging (`logger=wandb`): one W&B run per training run, offline by default.
+
+- `mode`: offline (the default: `wandb sync <run dir>/wandb/offline-run-*` uploads a run
+  later), online, or disabled. Online is checked within seconds, before training: without
+  a login or without an answer from the W&B server, the run stops with one sentence that
+  says what to do (never an interactive prompt, never wandb's own ~100 s wait).
+- The mode goes to `wandb.init`, not through WANDB_MODE, which Lightning's `offline=True`
+  sets for the whole process, and so for every later job of a sweep.
+- `group`: the experiment's name, else in a multirun the sweep directory's name; `name`: the
+  run's overrides (`pe=rope,norm=l2`); `job_type`: the task; tags: the run's tags plus
+  `pe=…`, `norm=…`, `synthesizer=…`, `task=…`, `model=…`.
+- The summary of the optimized metric holds its best and its last value
+  (`val/acc.max`, `val/acc.last`).
+- Accuracy by position (`val/acc_pos/<p>`, the probe's) goes to W&B as one table and line
+  plot per evaluation (`val/acc_by_position`), not as a panel per position; the CSV logger
+  keeps the columns.
+- `finish` ends the W&B run. train.py calls it when a job ends, however it ends, so that
+  each job of a multirun is its own W&B run.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only
+
+from attnlab.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+MODES = ("offline", "online", "disabled")
+BY_POSITION = re.compile(r"(?P<stage>\w+)/acc_pos/(?P<position>\d+)")
+
+
+def why_offline(timeout: float) -> str | None:
+    """Why W&B cannot be used online from here (no login; no answer from its server within
+    `timeout` seconds), or None. Never prompts, never waits longer."""
+    import wandb
+    from wandb.sdk.wandb_setup import singleton
+
+    if not wandb.login(verify=False, prompt=False):  # reads a stored key; no network
+        return "there is no W&B login (run `wandb login` or set WANDB_API_KEY)"
+    url = urlparse(singleton().settings.base_url)  # what wandb.init will use (WANDB_BASE_URL...)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout).close()
+    except OSError as error:
+        return f"the W&B server {url.geturl()} does not answer ({error.strerror or error})"
+    return None
+
+
+def default_group() -> str | None:
+    """The experiment's name, else in a multirun the sweep directory's name."""
+    if not HydraConfig.initialized():
+        return None
+    hydra = HydraConfig.get()
+    experiment = hydra.runtime.choices.get("experiment")
+    if experiment:
+        return experiment
+    return Path(hydra.sweep.dir).name if hydra.mode == RunMode.MULTIRUN else None
+
+
+def by_position_plot(stage: str, accuracy: Mapping[int, float]) -> Any:
+    import wandb
+
+    rows = [[position, accuracy[position]] for position in sorted(accuracy)]
+    table = wandb.Table(columns=["position", "accuracy"], data=rows)
+    return wandb.plot.line(table, "position", "accuracy", title=f"{stage} accuracy by position")
+
+
+class WandbLogger(LightningWandbLogger):
+    def __init__(
+        self,
+        save_dir: str,
+        project: str = "attnlab",
+        entity: str | None = None,
+        mode: str = "offline",
+        group: str | None = None,
+        name: str | None = None,
+        job_type: str | None = None,
+        tags: Sequence[str] = (),
+        choices: Mapping[str, str] | None = None,
+        metric: str | None = None,
+        metric_mode: str = "max",
+        timeout: float = 5.0,
+    ) -> None:
+        import wandb
+
+        if mode not in MODES:
+            raise ConfigError(f"logger.wandb.mode={mode!r} is not one of: {', '.join(MODES)}")
+        if mode == "online" and (reason := why_offline(timeout)):
+            raise ConfigError(
+                f"logger.wandb.mode=online, but {reason}: log offline (logger.wandb.mode=offline) "
+                "and upload later with `wandb sync <run dir>/wandb/offline-run-*`"
+            )
+        self.mode, self.metric, self.metric_mode = mode, metric, metric_mode
+        super().__init__(
+            save_dir=save_dir,
+            project=project,
+            entity=entity,
+            mode=mode,
+            group=group or default_group(),
+            name=name or None,
+            job_type=job_type,
+            tags=[*tags, *(f"{key}={value}" for key, value in (choices or {}).items())],
+            settings=wandb.Settings(silent=True),
+        )
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        new = self._experiment is None
+        run = super().experiment
+        if new:
+            if self.metric:
+                run.define_metric(
+                    self.metric,
+                    step_metric="trainer/global_step",
+                    summary=f"{self.metric_mode},last",
+                )
+            self._say_where(ended=False)
+        return run
+
+    def _say_where(self, ended: bool) -> None:
+        """wandb itself is silenced (it would print a page per job): say where the run is."""
+        run = self._experiment
+        if self.mode == "online":
+            log.info("W&B run: %s", run.url)
+        elif self.mode == "offline" and ended:
+            log.info("W&B run saved offline; upload it with: wandb sync %s", Path(run.dir).parent)
+        elif self.mode == "offline":
+            log.info("W&B logs this run offline, to %s", Path(run.dir).parent)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        rest: dict[str, float] = {}
+        by_position: dict[str, dict[int, float]] = {}
+        for key, value in metrics.items():
+            match = BY_POSITION.fullmatch(key)
+            if match:
+                by_position.setdefault(match["stage"], {})[int(match["position"])] = value
+            else:
+                rest[key] = value
+        if rest:
+            super().log_metrics(rest, step)
+        for stage, accuracy in by_position.items():
+            plot = by_position_plot(stage, accuracy)
+            self.experiment.log({f"{stage}/acc_by_position": plot, "trainer/global_step": step})
+
+    @rank_zero_only
+    def finish(self, exit_code: int = 0) -> None:
+        """End the W&B run (a later job in this process starts its own)."""
+        if self._experiment is None:
+            return
+        self._say_where(ended=True)
+        self._experiment.finish(exit_code=exit_code)
+        self._experiment = None

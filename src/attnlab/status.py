@@ -1,0 +1,110 @@
+"""A run's state on disk, `<run dir>/status.json`: running, completed, failed or interrupted.
+
+`train.py` writes it when a run starts, once its model is built, and when it ends (with the
+last line of the error and the traceback when it fails); `attnlab compare` reads it to tell
+finished, failed and unfinished jobs apart. Plain JSON: reading it runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+FILE = "status.json"
+STATES = ("running", "completed", "failed", "interrupted")
+
+
+@dataclass
+class RunStatus:
+    state: str
+    started: float  # seconds since the epoch
+    ended: float | None = None
+    steps: int | None = None  # optimizer steps taken
+    params: int | None = None  # trainable parameters
+    error: str | None = None  # the last line of the error, e.g. "ValueError: ..."
+    traceback: str | None = None
+    pid: int = field(default_factory=os.getpid)
+    host: str = field(default_factory=socket.gethostname)
+
+    @property
+    def wall_time(self) -> float:
+        return (self.ended or time.time()) - self.started
+
+    def alive(self) -> bool:
+        """Whether a run in state "running" still is: false when its process on this host is
+        gone (killed without a chance to record it); true when it runs on another host."""
+        if self.host != socket.gethostname():
+            return True
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def write(self, run_dir: Path) -> None:
+        """Replace the file in one step, so that a reader never sees half of it."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        partial = run_dir / f".{FILE}.{self.pid}"
+        partial.write_text(json.dumps(asdict(self), indent=1))
+        partial.replace(run_dir / FILE)
+
+    def end(self, state: str, error: BaseException | None = None) -> None:
+        self.state, self.ended = state, time.time()
+        if error is not None:
+            self.error = traceback.format_exception_only(error)[-1].strip()
+            self.traceback = "".join(traceback.format_exception(error))
+
+
+def read(run_dir: Path) -> RunStatus | None:
+    """The status a run recorded; None where it recorded none (or not in this format)."""
+    try:
+        data = json.loads((run_dir / FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    known = {f.name for f in fields(RunStatus)}
+    if not isinstance(data, dict) or data.get("state") not in STATES or "started" not in data:
+        return None
+    return RunStatus(**{k: v for k, v in data.items() if k in known})
+
+
+class Tracker:
+    """Keeps a run's status file current (`enabled`: only one process of a distributed run
+    writes it)."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+        self.run_dir, self.enabled = run_dir, enabled
+        self.status = RunStatus("running", time.time())
+
+    def update(self, **changes: object) -> None:
+        for key, value in changes.items():
+            setattr(self.status, key, value)
+        if self.enabled:
+            self.status.write(self.run_dir)
+
+
+@contextmanager
+def tracking(run_dir: Path, enabled: bool = True) -> Iterator[Tracker]:
+    """Record the run in `run_dir` from its start to its end, however it ends."""
+    tracker = Tracker(run_dir, enabled)
+    tracker.update()
+    try:
+        yield tracker
+    except KeyboardInterrupt as error:
+        tracker.status.end("interrupted", error)
+        tracker.update()
+        raise
+    except BaseException as error:
+        tracker.status.end("failed", error)
+        tracker.update()
+        raise
+    tracker.status.end("completed")
+    tracker.update()

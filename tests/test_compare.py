@@ -1,0 +1,158 @@
+"""`attnlab compare` and the end of a sweep: every run in the table, failed ones included."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import ROOT
+
+from attnlab.compare.report import compare
+from attnlab.config import ConfigError
+from attnlab.status import RunStatus
+
+TINY = ["model=tiny", "task.data.train_size=128", "task.data.max_len=8", "trainer.max_epochs=2"]
+QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
+
+
+def fake_run(
+    directory: Path,
+    overrides: list[str],
+    rows: list[dict],
+    state: str = "completed",
+    mode: str = "max",
+    error: str | None = None,
+    pid: int | None = None,
+) -> Path:
+    """A run directory as train.py leaves it: Hydra's files, Lightning's CSV, our status."""
+    (directory / ".hydra").mkdir(parents=True)
+    config = {
+        "optimized_metric": "${task.metric}",
+        "task": {"metric": "val/acc", "metric_mode": mode},
+    }
+    (directory / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (directory / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    columns = sorted({key for row in rows for key in row})
+    (directory / "csv").mkdir()
+    with (directory / "csv" / "metrics.csv").open("w", newline="") as file:
+        writer = csv.DictWriter(file, ["epoch", "step", *columns])
+        writer.writeheader()
+        writer.writerows(rows)
+    status = RunStatus(state, time.time() - 90, params=1234, error=error)
+    if pid is not None:
+        status.pid = pid
+    if state != "running":
+        status.ended = time.time()
+    status.write(directory)
+    return directory
+
+
+def read_csv(path: Path) -> list[dict]:
+    with path.open() as file:
+        return list(csv.DictReader(file))
+
+
+def test_rows_are_sorted_by_the_best_metric_and_keep_failed_and_unfinished_runs(tmp_path):
+    fake_run(tmp_path / "0", ["pe=rope", "trainer.max_epochs=2"], [
+        {"step": 10, "val/acc": 0.5}, {"step": 20, "val/acc": 0.9}, {"step": 30, "val/acc": 0.7},
+        {"step": 30, "test/acc": 0.88, "test/acc_pos/1": 1.0, "test/acc_pos/2": 0.75},
+    ])  # fmt: skip
+    fake_run(tmp_path / "1", ["pe=t5", "trainer.max_epochs=2"], [
+        {"step": 10, "val/acc": 0.95}, {"step": 20, "val/acc": 0.96},
+        {"step": 20, "test/acc": 0.97, "test/acc_pos/1": 1.0, "test/acc_pos/2": 0.9},
+    ])  # fmt: skip
+    fake_run(tmp_path / "2", ["pe=alibi", "trainer.max_epochs=2"], [{"step": 10, "val/acc": 0.2}],
+             state="failed", error="Diverged: train/loss is nan at step 12")  # fmt: skip
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    fake_run(
+        tmp_path / "10", ["pe=none", "trainer.max_epochs=2"], [], state="running", pid=dead.pid
+    )
+
+    comparison = compare(tmp_path)
+
+    assert [run.name for run in comparison.runs] == ["1", "0", "2", "10"]
+    rows = read_csv(tmp_path / "comparison.csv")
+    assert [row["pe"] for row in rows] == ["t5", "rope", "alibi", "none"]
+    assert "trainer.max_epochs" not in rows[0], "only swept overrides get a column"
+    assert [row["state"] for row in rows] == ["completed", "completed", "failed", "unfinished"]
+    assert float(rows[1]["best"]) == 0.9 and float(rows[1]["final"]) == 0.7
+    assert float(rows[0]["test/acc"]) == 0.97 and rows[0]["params"] == "1234"
+    assert rows[2]["error"] == "Diverged: train/loss is nan at step 12"
+    assert [run.name for run in comparison.failed] == ["2", "10"]
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| 2 | alibi | failed |" in table and "Diverged: train/loss is nan" in table
+    assert {p.name for p in comparison.plots} == {"curves_val_acc.png", "acc_by_position.png"}
+    for plot in comparison.plots:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({plot.name})" in table
+
+
+def test_a_minimized_metric_sorts_smallest_first_and_runs_may_log_different_metrics(tmp_path):
+    fake_run(tmp_path / "a", ["lr=1"], [{"step": 1, "val/acc": 0.3, "val/bleu": 20.0}], mode="min")
+    fake_run(tmp_path / "b", ["lr=2"], [{"step": 1, "val/acc": 0.1}], mode="min")
+    comparison = compare(tmp_path)
+    assert [run.name for run in comparison.runs] == ["b", "a"]
+    assert {p.name for p in comparison.plots} == {"curves_val_acc.png", "curves_val_bleu.png"}
+
+
+def test_one_run_and_a_running_run_compare_too(tmp_path):
+    fake_run(tmp_path, ["pe=rope"], [{"step": 5, "val/acc": 0.4}], state="running", pid=os.getpid())
+    comparison = compare(tmp_path)
+    (row,) = read_csv(tmp_path / "comparison.csv")
+    assert row["state"] == "running" and row["overrides"] == "pe=rope" and row["steps"] == "5"
+    assert comparison.failed == []
+
+
+def test_a_directory_without_runs_is_one_sentence(tmp_path):
+    with pytest.raises(ConfigError, match="holds no runs"):
+        compare(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "attnlab.cli", "compare", str(tmp_path / "missing")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"attnlab: {tmp_path / 'missing'} is not a directory: pass a run or a sweep directory"
+    )
+
+
+@pytest.mark.slow
+def test_a_sweep_with_a_failing_job_compares_every_job_and_exits_non_zero(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable, "train.py", "-m", "pe=learned,rope", "task.optim.lr=1e-3,1e38",
+            "++pe.max_len=16", *TINY, *QUIET, f"paths.log_dir={tmp_path}",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip().splitlines()[-1].startswith("attnlab: 3 of 4 jobs did not complete")
+    )
+    (sweep,) = (tmp_path / "probe" / "multiruns").iterdir()
+    rows = {(row["pe"], row["task.optim.lr"]): row for row in read_csv(sweep / "comparison.csv")}
+    assert rows["learned", "0.001"]["state"] == "completed"
+    assert rows["learned", "1e+38"]["error"].startswith(
+        "attnlab.config.Diverged: train/loss is nan"
+    )
+    assert rows["rope", "0.001"]["error"].startswith(
+        "attnlab.config.ConfigError: 'rope' has no option max_len"
+    )
+    assert "| run | pe | task.optim.lr | state |" in result.stdout, "the sweep prints the table"
+    recorded = json.loads((sweep / "1" / "status.json").read_text())
+    assert recorded["state"] == "failed" and "Diverged" in recorded["traceback"]
+    assert "this job failed, the sweep goes on" in (sweep / "1" / "train.log").read_text()
+    assert (sweep / "acc_by_position.png").is_file() and (sweep / "curves_val_acc.png").is_file()
+    cli = subprocess.run(
+        [sys.executable, "-m", "attnlab.cli", "compare", str(sweep)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert cli.returncode == 0 and "| 0 | learned | 0.001 | completed |" in cli.stdout

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import ROOT
+from wandb_records import read_offline_run
 
 from attnlab.compare.report import compare
 from attnlab.config import ConfigError
@@ -129,7 +130,7 @@ def test_a_sweep_with_a_failing_job_compares_every_job_and_exits_non_zero(tmp_pa
     result = subprocess.run(
         [
             sys.executable, "train.py", "-m", "pe=learned,rope", "task.optim.lr=1e-3,1e38",
-            "++pe.max_len=16", *TINY, *QUIET, f"paths.log_dir={tmp_path}",
+            "++pe.max_len=16", "logger=wandb", *TINY, *QUIET, f"paths.log_dir={tmp_path}",
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -150,6 +151,9 @@ def test_a_sweep_with_a_failing_job_compares_every_job_and_exits_non_zero(tmp_pa
     recorded = json.loads((sweep / "1" / "status.json").read_text())
     assert recorded["state"] == "failed" and "Diverged" in recorded["traceback"]
     assert "this job failed, the sweep goes on" in (sweep / "1" / "train.log").read_text()
+    exit_codes = [read_offline_run(next((sweep / job / "wandb").glob("offline-run-*"))).exit_code
+                  for job in ("0", "1")]  # fmt: skip
+    assert exit_codes == [0, 1], "the diverged job's W&B run is finished as failed"
     assert (sweep / "acc_by_position.png").is_file() and (sweep / "curves_val_acc.png").is_file()
     cli = subprocess.run(
         [sys.executable, "-m", "attnlab.cli", "compare", str(sweep)],

@@ -86,7 +86,7 @@ def test_ddp_over_two_cpu_processes_trains_and_tests(tmp_path):
     result = subprocess.run(
         [
             sys.executable, "train.py", "trainer=ddp_cpu", "trainer.max_epochs=1", *TINY,
-            "callbacks.progress_bar.refresh_rate=0", f"hydra.run.dir={tmp_path}",
+            "logger=wandb", *QUIET_OUTPUT, f"hydra.run.dir={tmp_path}",
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -94,6 +94,8 @@ def test_ddp_over_two_cpu_processes_trains_and_tests(tmp_path):
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert (tmp_path / "train_ddp_process_1.log").is_file(), "a second rank ran"
     assert "test/acc" in result.stdout and "sync_dist=True" not in result.stderr
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1, "only rank zero logs"
+    assert status.read(tmp_path).state == "completed"
 
 
 def test_a_diverging_run_stops_with_one_sentence_and_records_it(make_config, tmp_path):

@@ -16,11 +16,17 @@ from attnlab.systems.base import System
 
 
 class FiniteLoss(L.Callback):
-    """Stops a diverged run at once with an error that says so, rather than training on NaN."""
+    """Stops a diverged run with an error that says so, rather than training on NaN.
+
+    It looks every `trainer.log_every_n_steps` steps and at the end of each epoch (a NaN
+    stays NaN): reading the loss waits for the GPU, which it need not do at every step.
+    """
 
     def on_train_batch_end(
         self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, index: int
     ) -> None:
+        if trainer.global_step % trainer.log_every_n_steps and not trainer.is_last_batch:
+            return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         # decided together, so that every DDP rank stops at the same step
         if not trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True):
@@ -49,10 +55,9 @@ class AttentionMaps(L.Callback):
             maps = module.attention_maps(batch)
         finally:
             module.train(was_training)
-        length = next(iter(maps.values())).shape[-1]
         figure = attention_figure(
             {name: weights.float().cpu().numpy() for name, weights in maps.items()},
-            f"attention weights: the longest example of the first validation batch ({length} keys)",
+            "attention weights: the longest example of the first validation batch",
         )
         path = save(figure, Path(trainer.default_root_dir) / self.filename)
         for logger in trainer.loggers:

@@ -55,7 +55,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     system.check_lengths(datamodule)
     trainer = run.build_trainer(cfg)
     method = trainer.test if cfg.split == "test" else trainer.validate
-    (results,) = method(system, datamodule, verbose=False)
+    with run.closing_loggers(trainer):
+        (results,) = method(system, datamodule, verbose=False)
     metrics = run.scalar_metrics(results)
     print(
         run.summary(cfg, system.parameter_counts(), metrics, run.resolve_output_dir(cfg)),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +126,18 @@ def log_hyperparameters(trainer: L.Trainer, config: dict[str, Any]) -> None:
         logger.log_hyperparams(config)
 
 
-def finish_loggers(trainer: L.Trainer, failed: bool) -> None:
-    """End what loggers keep open across a job (a W&B run), so the next job starts afresh."""
-    for logger in trainer.loggers:
-        if isinstance(logger, WandbLogger):
-            logger.finish(exit_code=int(failed))
+@contextmanager
+def closing_loggers(trainer: L.Trainer) -> Iterator[None]:
+    """End what loggers keep open across a job (a W&B run) when the block ends, however it
+    ends, so that the next job of a sweep in this process starts its own."""
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.finish(exit_code=int(failed))
 
 
 def in_sweep() -> bool:

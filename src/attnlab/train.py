@@ -2,8 +2,8 @@
 
 Returns the best value of `optimized_metric`, so Hydra sweepers can optimize over runs.
 Every run records its state in <run dir>/status.json (`attnlab.status`). In a -m sweep, a
-job that fails is recorded, logged with its traceback and scored NaN (Optuna marks the trial
-failed), and the sweep goes on; the sweep ends by printing the comparison of its jobs and
+job that fails is recorded there with its traceback, logged, and scored NaN (Optuna marks
+the trial failed), and the sweep goes on; the sweep ends by printing the comparison of its jobs and
 exits non-zero if any failed (`attnlab.compare.sweep`).
 Lightning is imported inside the functions, so `--help` and config errors stay fast.
 """
@@ -55,14 +55,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         tracker.update(params=counts["total"])
         trainer = run.build_trainer(cfg, [run.RunRecord(cfg)])
         try:
-            run.log_hyperparameters(trainer, run.logged_config(cfg, system))
-            metrics = fit_and_test(cfg, trainer, system, datamodule)
-        except BaseException:
-            run.finish_loggers(trainer, failed=True)
-            raise
+            with run.closing_loggers(trainer):
+                run.log_hyperparameters(trainer, run.logged_config(cfg, system))
+                metrics = fit_and_test(cfg, trainer, system, datamodule)
         finally:
             tracker.update(steps=trainer.global_step)
-        run.finish_loggers(trainer, failed=False)
     print(run.summary(cfg, counts, metrics, output_dir), flush=True)
     return metrics
 

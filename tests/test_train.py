@@ -99,7 +99,9 @@ def test_ddp_over_two_cpu_processes_trains_and_tests(tmp_path):
 
 
 def test_a_diverging_run_stops_with_one_sentence_and_records_it(make_config, tmp_path):
-    with pytest.raises(Diverged, match=r"train/loss is nan at step \d+: the run diverged"):
+    with pytest.raises(
+        Diverged, match=r"train/loss is nan at step \d+ \(learning rate .*\): the run"
+    ):
         train(make_config([*TINY, "trainer.max_epochs=1", "task.optim.lr=1e38"]))
     recorded = status.read(tmp_path)
     assert recorded.state == "failed" and recorded.error.startswith("attnlab.config.Diverged")

@@ -4,6 +4,7 @@ online mode that stops within seconds when W&B cannot be reached."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -119,20 +120,25 @@ def environment(tmp_path, **variables: str) -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize(
-    "variables,reason",
-    [
-        ({}, "there is no W&B login"),
-        (
-            {"WANDB_API_KEY": "x" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"},
-            "the W&B server http://127.0.0.1:9 does not answer",
-        ),
-    ],
-    ids=["no-login", "no-network"],
-)
+@pytest.fixture
+def listening_port():
+    """A port on this machine that accepts connections (a stand-in W&B server)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        yield server.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", ["no-login", "no-network"])
 def test_online_without_login_or_network_stops_within_seconds_with_one_sentence(
-    variables, reason, tmp_path
+    case, listening_port, tmp_path
 ):
+    if case == "no-login":  # the server answers, but there is no key
+        variables = {"WANDB_BASE_URL": f"http://127.0.0.1:{listening_port}"}
+        reason = "there is no W&B login"
+    else:
+        variables = {"WANDB_API_KEY": "x" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"}
+        reason = "the W&B server http://127.0.0.1:9 does not answer"
     start = time.monotonic()
     result = train_cli(
         "logger=wandb", "logger.wandb.mode=online", *TINY, f"hydra.run.dir={tmp_path / 'run'}",

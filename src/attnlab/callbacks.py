@@ -30,9 +30,11 @@ class FiniteLoss(L.Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         # decided together, so that every DDP rank stops at the same step
         if not trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True):
+            lr = trainer.optimizers[0].param_groups[0]["lr"]
             raise Diverged(
-                f"train/loss is {float(loss)} at step {trainer.global_step}: the run diverged; "
-                "lower task.optim.lr or raise task.optim.warmup_steps"
+                f"train/loss is {float(loss)} at step {trainer.global_step} (learning rate "
+                f"{lr:.3g}): the run diverged; lower task.optim.lr, raise "
+                "task.optim.warmup_steps, or keep trainer.gradient_clip_val on"
             )
 
 

@@ -43,19 +43,20 @@ BY_POSITION = re.compile(r"(?P<stage>\w+)/acc_pos/(?P<position>\d+)")
 
 
 def why_offline(timeout: float) -> str | None:
-    """Why W&B cannot be used online from here (no login; no answer from its server within
-    `timeout` seconds), or None. Never prompts, never waits longer."""
+    """Why W&B cannot be used online from here (no answer from its server within `timeout`
+    seconds; no login), or None. Never prompts, never waits longer."""
     import wandb
     from wandb.sdk.wandb_setup import singleton
 
-    if not wandb.login(verify=False, prompt=False):  # reads a stored key; no network
-        return "there is no W&B login (run `wandb login` or set WANDB_API_KEY)"
     url = urlparse(singleton().settings.base_url)  # what wandb.init will use (WANDB_BASE_URL...)
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
         socket.create_connection((url.hostname, port), timeout=timeout).close()
     except OSError as error:
         return f"the W&B server {url.geturl()} does not answer ({error.strerror or error})"
+    # only now: with a stored key, wandb.login asks the server who it belongs to
+    if not wandb.login(verify=False, prompt=False):
+        return "there is no W&B login (run `wandb login` or set WANDB_API_KEY)"
     return None
 
 

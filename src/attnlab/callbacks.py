@@ -16,17 +16,13 @@ from attnlab.systems.base import System
 
 
 class FiniteLoss(L.Callback):
-    """Stops a diverged run with an error that says so, rather than training on NaN.
-
-    It looks every `trainer.log_every_n_steps` steps and at the end of each epoch (a NaN
-    stays NaN): reading the loss waits for the GPU, which it need not do at every step.
-    """
+    """Stops a diverged run at its first non-finite loss, with an error that says so, rather
+    than training on NaN (and keeping a NaN checkpoint as the best). Reading the loss waits
+    for the GPU once a step: tens of microseconds against a step's milliseconds."""
 
     def on_train_batch_end(
         self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, index: int
     ) -> None:
-        if trainer.global_step % trainer.log_every_n_steps and not trainer.is_last_batch:
-            return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         # decided together, so that every DDP rank stops at the same step
         if not trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True):

@@ -8,8 +8,10 @@ rest, so `conf/pe/rope.yaml` reads as the keyword arguments of `attnlab.pe.rope.
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from hydra.utils import get_object
@@ -17,9 +19,28 @@ from omegaconf import DictConfig, OmegaConf
 
 METADATA = ("name", "description", "paper")
 
+
+def unique_directory(path: str) -> str:
+    """`path`, else `path_2`, `path_3`, ...: the first that did not exist, created by this call
+    (mkdir is exclusive: runs started in the same second, by any launcher, never share one)."""
+    base = Path(path)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        candidate = base if n == 1 else base.with_name(f"{base.name}_{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return str(candidate)
+    raise AssertionError("unreachable")
+
+
 # `${cwd:}`, the directory a run is launched from, for paths.root_dir. Hydra's own
 # `${hydra:runtime.cwd}` is unset when a multirun's sweeper resolves hydra.sweep.dir.
 OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
+# `${unique:path}` for run and sweep directories; cached, so that every later read of
+# hydra.run.dir (and every job's copy of a sweep's config) gives the one directory made
+OmegaConf.register_new_resolver("unique", unique_directory, replace=True, use_cache=True)
 
 
 class ConfigError(ValueError):

@@ -25,8 +25,6 @@ from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)
 
-RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
-
 
 def quiet_library_noise() -> None:
     """Print each log line once and skip a warning that is not ours.
@@ -38,24 +36,13 @@ def quiet_library_noise() -> None:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "torchmetrics"):
         logging.getLogger(name).handlers.clear()
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+    # attnlab.checkpoints.ExactResume puts the loader back where it was, after this warning
+    warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
 
 
 def command_line_overrides() -> list[str]:
     """The overrides this run was launched with (empty outside a Hydra app)."""
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-class RunRecord(L.Callback):
-    """Stores the run's overrides and resolved config in every checkpoint, so that
-    `eval.py ckpt_path=...` can rebuild the run without its log directory."""
-
-    def __init__(self, cfg: DictConfig) -> None:
-        self.record = {"overrides": command_line_overrides(), "config": to_dict(cfg)}
-
-    def on_save_checkpoint(
-        self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict
-    ) -> None:
-        checkpoint[RECORD_KEY] = self.record
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:

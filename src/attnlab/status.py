@@ -26,6 +26,7 @@ class RunStatus:
     state: str
     started: float  # seconds since the epoch
     ended: float | None = None
+    earlier: float = 0.0  # seconds run before the latest resume
     steps: int | None = None  # optimizer steps taken
     params: int | None = None  # trainable parameters
     error: str | None = None  # the last line of the error, e.g. "ValueError: ..."
@@ -35,7 +36,7 @@ class RunStatus:
 
     @property
     def wall_time(self) -> float:
-        return (self.ended or time.time()) - self.started
+        return self.earlier + (self.ended or time.time()) - self.started
 
     def alive(self) -> bool:
         """Whether a run in state "running" still is: false when its process on this host is
@@ -92,13 +93,17 @@ class Tracker:
 
 
 @contextmanager
-def tracking(run_dir: Path, enabled: bool = True) -> Iterator[Tracker]:
-    """Record the run in `run_dir` from its start to its end, however it ends."""
+def tracking(run_dir: Path, enabled: bool = True, resumed: bool = False) -> Iterator[Tracker]:
+    """Record the run in `run_dir` from its start to its end, however it ends. A resumed run
+    adds the time its earlier parts ran to its wall time."""
     tracker = Tracker(run_dir, enabled)
+    earlier = read(run_dir) if resumed else None
+    if earlier is not None:
+        tracker.status.earlier = earlier.wall_time
     tracker.update()
     try:
         yield tracker
-    except KeyboardInterrupt as error:
+    except (KeyboardInterrupt, SystemExit) as error:  # Lightning's Ctrl-C and SIGTERM: exits
         tracker.status.end("interrupted", error)
         tracker.update()
         raise

@@ -11,13 +11,14 @@ Lightning is imported inside the functions, so `--help` and config errors stay f
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config import ConfigError, Diverged
+from attnlab.config import ConfigError, Diverged, to_dict
 
 if TYPE_CHECKING:
     import lightning as L
@@ -37,12 +38,21 @@ def train(cfg: DictConfig) -> dict[str, float]:
     from lightning.pytorch.utilities import rank_zero_only
 
     from attnlab import run, status
+    from attnlab.checkpoints import RunRecord
+    from attnlab.resume import RECORD_KEY, check_same_model, read_checkpoint, run_directory
 
     run.quiet_library_noise()
     if cfg.extras.print_config:
         run.print_config(cfg)
     output_dir = run.resolve_output_dir(cfg)
-    with status.tracking(Path(output_dir), enabled=rank_zero_only.rank == 0) as tracker:
+    resuming = cfg.ckpt_path is not None and run_directory(Path(cfg.ckpt_path)) == Path(output_dir)
+    first = rank_zero_only.rank == 0  # the process that writes the run's files
+    if first and not resuming and status.read(Path(output_dir)) is not None:
+        raise ConfigError(
+            f"{output_dir} already holds a run: resume it with run_dir={output_dir}, or start "
+            "this one in a new directory (leave hydra.run.dir to its default)"
+        )
+    with status.tracking(Path(output_dir), enabled=first, resumed=resuming) as tracker:
         run.check_sweep_devices(cfg)
         L.seed_everything(cfg.seed, workers=True)
         datamodule = run.build_datamodule(cfg)
@@ -50,10 +60,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
             raise ConfigError(
                 "the data has no test split: pass test=false (and evaluate split=val with eval.py)"
             )
+        if cfg.ckpt_path is not None:
+            stored = read_checkpoint(cfg.ckpt_path)[RECORD_KEY]["config"]
+            check_same_model(to_dict(cfg), stored, "train.py ckpt_path=...")
         system = run.build_system(cfg, datamodule)
         counts = system.parameter_counts()
         tracker.update(params=counts["total"])
-        trainer = run.build_trainer(cfg, [run.RunRecord(cfg)])
+        record = RunRecord(run.command_line_overrides(), to_dict(cfg))
+        trainer = run.build_trainer(cfg, [record])
         try:
             with run.closing_loggers(trainer):
                 run.log_hyperparameters(trainer, run.logged_config(cfg, system))
@@ -86,11 +100,13 @@ def fit_and_test(
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def train_main(cfg: DictConfig) -> float | None:
     from attnlab.run import in_sweep
 
     try:
         metrics = train(cfg)
+    except SystemExit as exit_:  # Lightning's answer to Ctrl-C (exit 1) and SIGTERM (exit 0)
+        raise SystemExit(interrupted(cfg)) from exit_
     except Exception as error:
         if not in_sweep():
             if isinstance(error, STOPS):
@@ -103,6 +119,27 @@ def main(cfg: DictConfig) -> float | None:
         return float("nan")  # what Optuna records as a failed trial
     metric = cfg.optimized_metric
     return metrics.get(f"best/{metric}", metrics.get(metric))
+
+
+def interrupted(cfg: DictConfig) -> str:
+    from attnlab.checkpoints import resume_command
+    from attnlab.resume import LAST
+
+    run_dir = Path(cfg.paths.output_dir).resolve()
+    if not (run_dir / "checkpoints" / LAST).is_file():
+        return "attnlab: interrupted before its first checkpoint; there is nothing to resume"
+    return f"attnlab: interrupted; resume with: {resume_command(run_dir)}"
+
+
+def main() -> None:
+    """Resuming (`ckpt_path=...`, `run_dir=...`) rebuilds the run from what it stored."""
+    from attnlab.resume import training_arguments
+
+    try:
+        sys.argv[1:] = training_arguments(sys.argv[1:])
+    except ConfigError as error:
+        raise SystemExit(f"attnlab: {error}") from None
+    train_main()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from attnlab.config import ConfigError
+from attnlab.data.loader import ResumableLoader, ResumableSampler
 
 PAD, ZERO, CLS, SEP = 0, 1, 2, 3
 IGNORE = -100  # target of padding and marker positions: excluded from loss and metrics
@@ -90,9 +91,15 @@ class ProbeDataModule(L.LightningDataModule):
         self.eval_set = [probe_example(n, self.markers) for n in eval_lengths]
 
     def _loader(self, data: list, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            data, self.batch_size, shuffle=shuffle, collate_fn=collate, num_workers=self.num_workers
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+        sampler = ResumableSampler(
+            data, num_replicas=world, rank=rank, shuffle=shuffle, seed=self.seed
         )
+        return ResumableLoader(
+            data, sampler=sampler, batch_size=self.batch_size, collate_fn=collate,
+            num_workers=self.num_workers,
+        )  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)

@@ -64,9 +64,10 @@ from typing import Any, NamedTuple, Protocol
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
 from attnlab.config import ConfigError
+from attnlab.data.loader import ResumableLoader, ResumableSampler
 from attnlab.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -639,7 +640,7 @@ def split_evenly(batches: list[np.ndarray], parts: int) -> list[np.ndarray]:
     return batches
 
 
-class TokenBatchSampler(DistributedSampler):
+class TokenBatchSampler(ResumableSampler):
     """Deals fixed batches (arrays of dataset positions) to one rank, in a new order every epoch
     when shuffling. Being a DistributedSampler keeps Lightning from wrapping it; the dealing is
     DistributedSampler's own (a seed + epoch permutation, then every num_replicas-th batch
@@ -984,7 +985,7 @@ class TranslationDataModule(L.LightningDataModule):
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
         sampler = TokenBatchSampler(batches, shuffle, self.seed, world, rank)
-        return DataLoader(
+        return ResumableLoader(
             dataset,
             sampler=sampler,
             batch_size=None,

@@ -1,0 +1,222 @@
+"""What a checkpoint holds, how it is written, and how it is read back safely.
+
+- `last.ckpt` is the latest state (`LatestCheckpoint`): written at the end of every epoch,
+  every `every_n_minutes` (or `every_n_steps`) inside an epoch, at the end of training, and
+  when a run is interrupted (Ctrl-C, SIGTERM) or fails, except when it diverged (the last
+  finite state is worth more). An interrupted run logs the command that resumes it.
+- A checkpoint carries what an exact resume needs besides Lightning's own state (`ExactResume`:
+  the random generators, the position in the epoch's batches) and the run's record
+  (`RunRecord`: its overrides and resolved config).
+- `AtomicCheckpointIO` writes a checkpoint beside its target, syncs it to disk and renames
+  it over the target: a save cut short leaves the previous checkpoint whole, and nothing in
+  $TMPDIR. It reads checkpoints with `weights_only=True` (tensors and plain data: reading
+  one runs no code) and refuses remote ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from attnlab.config import ConfigError, Diverged
+from attnlab.data.loader import ResumableLoader
+from attnlab.logger.csv import CSVLogger
+from attnlab.resume import LAST, RECORD_KEY
+
+log = logging.getLogger(__name__)
+
+RESUME_KEY = "attnlab_resume"  # checkpoint entry: random states and position in the epoch
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        try:
+            with partial.open("wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a crash
+        finally:
+            os.close(directory)
+        for stale in path.parent.glob(f".{path.name}.partial-*"):
+            stale.unlink(missing_ok=True)  # a save killed halfway by an earlier process
+
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        if "://" in str(path):
+            raise ConfigError(f"{path} is a URL: download the checkpoint and pass its local path")
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
+class RunRecord(L.Callback):
+    """Stores the run's overrides and resolved config in every checkpoint, so that
+    `eval.py ckpt_path=...` can rebuild the run without its log directory."""
+
+    def __init__(self, overrides: list[str], config: dict[str, Any]) -> None:
+        self.record = {"overrides": overrides, "config": config}
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict
+    ) -> None:
+        checkpoint[RECORD_KEY] = self.record
+
+
+def random_states() -> dict[str, Any]:
+    numpy_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [
+            numpy_state[0],
+            torch.from_numpy(numpy_state[1].astype(np.int64)),
+            *numpy_state[2:],
+        ],
+        "python": random.getstate(),
+    }
+
+
+def set_random_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    kind, keys, *rest = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+class ExactResume(L.Callback):
+    """What Lightning leaves out of a checkpoint for a resume to reach the weights of the
+    uninterrupted run: the random generators' states (dropout draws from them) and how many
+    batches of the epoch were done. Both are put back when training
+    starts, after everything else is restored (Lightning builds the training loader early,
+    for `estimated_stepping_batches`, before it restores a loader's own state)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, Any] | None = None
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict
+    ) -> None:
+        # batches of this epoch whose optimizer step is done (not those only fetched)
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        checkpoint[RESUME_KEY] = {"random": random_states(), "done": done}
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict
+    ) -> None:
+        self.pending = checkpoint.get(RESUME_KEY)
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if self.pending is None:
+            return
+        set_random_states(self.pending["random"])
+        loader, done = trainer.train_dataloader, self.pending["done"]
+        if isinstance(loader, ResumableLoader) and 0 < done < len(loader):
+            loader.resume_after(done)  # mid-epoch; at an epoch's end the next one starts
+        for logger in trainer.loggers:
+            if isinstance(logger, CSVLogger):
+                logger.drop_after(trainer.global_step)  # what the resumed run does again
+        self.pending = None
+
+
+def resume_command(run_dir: Path) -> str:
+    return f"python train.py run_dir={run_dir}"
+
+
+class LatestCheckpoint(L.Callback):
+    """Keeps checkpoints/last.ckpt the latest state (see the module docstring). Ctrl-C, like
+    SIGTERM, stops the run at the end of the current step (a second Ctrl-C stops it at once,
+    without a checkpoint: a step cut halfway is no state to resume from)."""
+
+    def __init__(
+        self, dirpath: str, every_n_minutes: float | None = 10, every_n_steps: int | None = None
+    ) -> None:
+        if every_n_minutes is not None and every_n_steps is not None:
+            raise ConfigError(
+                "callbacks.latest takes every_n_minutes or every_n_steps, not both: set the "
+                "other to null"
+            )
+        self.path = Path(dirpath) / LAST
+        self.every_n_minutes, self.every_n_steps = every_n_minutes, every_n_steps
+        self.saved_at = time.monotonic()
+        self.saved_step = -1
+        self.previous_handler: Any = None
+
+    def save(self, trainer: L.Trainer) -> None:
+        trainer.save_checkpoint(self.path, weights_only=False)  # the whole training state
+        self.saved_at, self.saved_step = time.monotonic(), trainer.global_step
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.saved_at = time.monotonic()
+        if threading.current_thread() is threading.main_thread():
+            handler = functools.partial(self.on_ctrl_c, trainer)
+            self.previous_handler = signal.signal(signal.SIGINT, handler)
+
+    def on_ctrl_c(self, trainer: L.Trainer, signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, self.previous_handler)
+        log.warning("Ctrl-C: stopping at the end of this step (Ctrl-C again: at once, unsaved)")
+        trainer._signal_connector.received_sigterm = True  # Lightning's stop, as on SIGTERM
+
+    def teardown(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        if self.previous_handler is not None:
+            signal.signal(signal.SIGINT, self.previous_handler)
+            self.previous_handler = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.every_n_steps is not None:
+            due = trainer.global_step % self.every_n_steps == 0
+        else:
+            elapsed = time.monotonic() - self.saved_at
+            due = self.every_n_minutes is not None and elapsed >= 60 * self.every_n_minutes
+        # every rank must take part in a save: decide together
+        if trainer.strategy.reduce_boolean_decision(due, all=False):
+            self.save(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.global_step != self.saved_step:
+            self.save(trainer)
+
+    def on_exception(
+        self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException
+    ) -> None:
+        """Save, unless the state is not worth resuming: a diverged run, or a step cut short
+        by a second Ctrl-C (every other stop comes between steps, or before a step changed
+        anything); under DDP only a stop that every rank shares (SIGTERM) is saved."""
+        if isinstance(exception, (Diverged, KeyboardInterrupt)) or trainer.state.fn != "fit":
+            return
+        if trainer.world_size > 1 and not isinstance(exception, SIGTERMException):
+            return
+        if trainer.global_step > 0:
+            self.save(trainer)
+            log.warning(
+                "stopped by %s at step %d; the latest state is in %s",
+                type(exception).__name__, trainer.global_step, self.path,
+            )  # fmt: skip

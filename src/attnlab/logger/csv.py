@@ -1,0 +1,64 @@
+"""Every logged metric to <run dir>/csv/metrics.csv (`logger=csv`, also under logger=wandb).
+
+Lightning's CSVLogger deletes the metrics file of the directory it writes to; a resumed run
+writes to the directory of the run it continues, so this one keeps the file and appends.
+Rows that the interrupted run logged after its latest checkpoint are work the resumed run
+does again: `drop_after` removes them before it does (attnlab.checkpoints.ExactResume).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+
+from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only
+
+EVALUATION = ("val/", "test/")
+
+
+def done_by(row: dict[str, str], step: int) -> bool:
+    """Whether a row records work done by the time `step` optimizer steps were taken.
+
+    Training metrics of a batch are logged with the step count before it (the loss of the
+    first batch at step 0); evaluation metrics with the step count after training (a
+    validation after 8 steps at step 8)."""
+    logged = int(float(row["step"]))
+    evaluation = any(row.get(key) for key in row if key.startswith(EVALUATION))
+    return logged < step or (logged == step and evaluation)
+
+
+class AppendingWriter(ExperimentWriter):
+    def _check_log_dir_exists(self) -> None:
+        """Continue the metrics file there is (Lightning's writer deletes it)."""
+        if os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as file:
+                self.metrics_keys = next(csv.reader(file), [])
+
+    def drop_after(self, step: int) -> None:
+        self.save()
+        if not os.path.isfile(self.metrics_file_path):
+            return
+        with open(self.metrics_file_path, newline="") as file:
+            rows = list(csv.DictReader(file))
+        with open(self.metrics_file_path, "w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
+            writer.writeheader()
+            writer.writerows(row for row in rows if done_by(row, step))
+
+
+class CSVLogger(LightningCSVLogger):
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> AppendingWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+    @rank_zero_only
+    def drop_after(self, step: int) -> None:
+        """Remove the rows of work done after `step` optimizer steps (see the module doc)."""
+        self.experiment.drop_after(step)

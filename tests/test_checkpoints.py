@@ -1,0 +1,183 @@
+"""Checkpoints: written whole or not at all, read without running code, rebuilt only from
+allowed overrides, and evaluated only as the model they hold."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT
+
+from attnlab.checkpoints import AtomicCheckpointIO
+from attnlab.resume import RECORD_KEY, allowed_overrides
+
+SHM = Path("/dev/shm")
+
+SAVE_TWICE = """
+import sys, torch
+from attnlab.checkpoints import AtomicCheckpointIO
+io = AtomicCheckpointIO()
+io.save_checkpoint({"n": 1, "w": torch.zeros(2**24)}, sys.argv[1])
+print("saving", flush=True)
+io.save_checkpoint({"n": 2, "w": torch.ones(2**27)}, sys.argv[1])
+print("saved", flush=True)
+"""
+
+
+@pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm to put TMPDIR on another filesystem")
+def test_a_save_killed_halfway_leaves_the_previous_checkpoint_whole(tmp_path):
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    tmpdir = Path(SHM / f"attnlab-test-{os.getpid()}")
+    tmpdir.mkdir()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", SAVE_TWICE, str(target)], stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "TMPDIR": str(tmpdir)},
+        )  # fmt: skip
+        assert process.stdout.readline().strip() == "saving"
+        deadline = time.monotonic() + 60
+        while not any(p.stat().st_size > 0 for p in target.parent.glob(".last.ckpt.partial-*")):
+            assert time.monotonic() < deadline and process.poll() is None, "the save ended first"
+            time.sleep(0.001)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert torch.load(target, weights_only=True)["n"] == 1, "the earlier checkpoint is whole"
+        assert list(tmpdir.iterdir()) == [], "nothing left in TMPDIR"
+        AtomicCheckpointIO().save_checkpoint({"n": 3}, target)
+        assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"], "the orphan is gone"
+    finally:
+        for leftover in tmpdir.iterdir():
+            leftover.unlink()
+        tmpdir.rmdir()
+
+
+def test_training_writes_checkpoints_through_the_atomic_io(make_config):
+    from attnlab.run import build_trainer
+
+    trainer = build_trainer(make_config(["model=tiny"]))
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+@pytest.mark.parametrize(
+    "override,kept",
+    [
+        ("pe=rope", True),
+        ("~logger", True),
+        ("pe@pe.base=rope", True),
+        ("model.d_model=64", True),
+        ("task.data.dir=../shared/data/multi30k", True),
+        ("tags=[a,b]", True),
+        ("+callbacks.evil._target_=os.makedirs", False),
+        ("+trainer.plugins={_target_:os.system}", False),
+        ("trainer._target_=os.system", False),
+        ("hydra.run.dir=/tmp/x", False),
+        ("hydra/launcher=joblib", False),
+        ("logger.wandb.mode=online", False),
+        ("pe=../../etc/passwd", False),
+        ("model.d_model=32,64", False),
+    ],
+)
+def test_only_allowed_stored_overrides_are_reused(override, kept):
+    assert allowed_overrides([override], "a checkpoint") == ([override] if kept else [])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A real checkpoint of a 1-epoch tiny probe run."""
+    run_dir = tmp_path_factory.mktemp("run")
+    result = subprocess.run(
+        [
+            sys.executable, "train.py", "model=tiny", "trainer.max_epochs=1",
+            "task.data.train_size=64", "task.data.max_len=8", "test=false",
+            "extras.print_config=false", f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def eval_py(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "eval.py", *args, f"hydra.run.dir={tmp_path / 'eval'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+class Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.mkdir, (self.marker,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unrun(checkpoint, tmp_path):
+    data = torch.load(checkpoint, weights_only=True)
+    data["extra"] = Payload(tmp_path / "ran")
+    evil = tmp_path / "evil.ckpt"
+    torch.save(data, evil)
+    result = eval_py(f"ckpt_path={evil}", tmp_path=tmp_path)
+    assert result.returncode == 1 and not (tmp_path / "ran").exists()
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"attnlab: {evil} cannot be read as a checkpoint (UnpicklingError")
+    )
+
+
+def test_stored_overrides_that_name_code_are_not_reused(checkpoint, tmp_path):
+    data = torch.load(checkpoint, weights_only=True)
+    marker = tmp_path / "made"
+    evil = ["+callbacks.evil._target_=os.makedirs", f"+callbacks.evil.name={marker}"]
+    data[RECORD_KEY]["overrides"] += evil
+    path = tmp_path / "stored.ckpt"
+    torch.save(data, path)
+    result = eval_py(f"ckpt_path={path}", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not marker.exists()
+    assert f"attnlab: not reusing these overrides of the checkpoint: {' '.join(evil)}" in (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize("size", [0, 1000, "half"])
+def test_a_truncated_or_empty_checkpoint_is_one_sentence(size, checkpoint, tmp_path):
+    data = checkpoint.read_bytes()
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes(data[: len(data) // 2 if size == "half" else size])
+    result = eval_py(f"ckpt_path={cut}", tmp_path=tmp_path)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"attnlab: {cut} cannot be read as a checkpoint (")
+    assert last.endswith(
+        "it is truncated, not a checkpoint, or holds objects other than tensors and plain data"
+    )
+
+
+@pytest.mark.parametrize(
+    "program,overrides,change",
+    [
+        ("eval.py", ["pe=learned", "norm=l2"], "pe.name=sinusoidal (not learned), norm.name=softmax (not l2)"),
+        ("eval.py", ["model.d_model=64"], "model.d_model=32 (not 64)"),
+        ("train.py", ["task=multi30k"], "task.name=probe (not multi30k)"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_is_used_only_as_the_model_it_holds(
+    program, overrides, change, checkpoint, tmp_path
+):
+    result = subprocess.run(
+        [sys.executable, program, f"ckpt_path={checkpoint}", *overrides,
+         f"hydra.run.dir={tmp_path / 'other'}", "extras.print_config=false"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"uses the model stored in the checkpoint, which has {change}" in last, last

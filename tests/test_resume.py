@@ -1,0 +1,212 @@
+"""Nothing lost: a run killed mid-epoch resumes, in its own directory, to the weights an
+uninterrupted run reaches; last.ckpt holds the latest state; run directories are unique."""
+
+from __future__ import annotations
+
+import csv
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT
+
+from attnlab import status
+
+STEPS_PER_EPOCH = 64
+RUN = [
+    "model=tiny", "trainer.max_epochs=2", f"task.data.train_size={64 * STEPS_PER_EPOCH}",
+    "trainer.deterministic=true", "test=false", "trainer.log_every_n_steps=1",
+    "callbacks.latest.every_n_minutes=null", "callbacks.latest.every_n_steps=10",
+    "extras.print_config=false", "callbacks.progress_bar.refresh_rate=0",
+]  # fmt: skip
+
+
+def train_py(*args: str) -> list[str]:
+    return [sys.executable, "train.py", *args]
+
+
+def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        train_py(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def interrupt(run_dir: Path, sig: signal.Signals) -> subprocess.CompletedProcess:
+    """Start a run and send it `sig` once it has taken its first checkpoint (step 10)."""
+    process = subprocess.Popen(
+        train_py(*RUN, f"hydra.run.dir={run_dir}"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "last.ckpt").exists():
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint came"
+        time.sleep(0.02)
+    process.send_signal(sig)
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+def metric_rows(run_dir: Path) -> list[tuple]:
+    with (run_dir / "csv" / "metrics.csv").open() as file:
+        return sorted(
+            tuple(sorted((k, v) for k, v in row.items() if v and k != "epoch"))
+            for row in csv.DictReader(file)
+        )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("whole")
+    run(*RUN, f"hydra.run.dir={run_dir}")
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sig,spelling",
+    [(signal.SIGTERM, "run_dir"), (signal.SIGINT, "ckpt_path")],
+    ids=["sigterm-run_dir", "ctrl_c-ckpt_path"],
+)
+def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(
+    sig, spelling, uninterrupted, tmp_path
+):
+    run_dir = tmp_path / "run"
+    stopped = interrupt(run_dir, sig)
+    assert stopped.returncode == 1
+    resume = f"python train.py run_dir={run_dir}"
+    assert stopped.stderr.strip().splitlines()[-1] == f"attnlab: interrupted; resume with: {resume}"
+    assert status.read(run_dir).state == "interrupted"
+    step = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 10 <= step < STEPS_PER_EPOCH, "last.ckpt holds the step the run was stopped at"
+
+    argument = f"run_dir={run_dir}" if spelling == "run_dir" else (
+        f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"
+    )  # fmt: skip
+    run(argument)
+
+    assert [p.name for p in tmp_path.iterdir()] == ["run"], "it continued in its directory"
+    resumed, whole = weights(run_dir), weights(uninterrupted)
+    for name, value in whole.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=1e-6, msg=name)
+    assert metric_rows(run_dir) == metric_rows(uninterrupted), "metrics appended, none twice"
+    recorded = status.read(run_dir)
+    assert recorded.state == "completed" and recorded.steps == 2 * STEPS_PER_EPOCH
+    assert recorded.earlier > 0, "the wall time counts the interrupted part too"
+    best = sorted(p.name for p in (run_dir / "checkpoints").glob("epoch_*.ckpt"))
+    assert best == sorted(p.name for p in (uninterrupted / "checkpoints").glob("epoch_*.ckpt"))
+
+
+def test_a_new_run_refuses_a_directory_that_holds_a_run(tmp_path):
+    status.RunStatus("completed", 0.0).write(tmp_path)
+    result = subprocess.run(
+        train_py("model=tiny", f"hydra.run.dir={tmp_path}"),
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"attnlab: {tmp_path} already holds a run: resume it with run_dir={tmp_path}, or start "
+        "this one in a new directory (leave hydra.run.dir to its default)"
+    )
+
+
+def test_resuming_a_directory_without_a_checkpoint_is_one_sentence(tmp_path):
+    result = subprocess.run(
+        train_py(f"run_dir={tmp_path}"), cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith(
+        f"attnlab: run_dir={tmp_path} has no checkpoints/last.ckpt to resume from"
+    )
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
+    from attnlab.config import unique_directory
+
+    base = str(tmp_path / "runs" / "2026-01-01_00-00-00")
+    made = [unique_directory(base) for _ in range(3)]
+    assert made == [base, f"{base}_2", f"{base}_3"]
+    assert all(Path(d).is_dir() for d in made)
+
+
+@pytest.mark.slow
+def test_three_runs_launched_at_once_write_three_directories(tmp_path):
+    processes = [
+        subprocess.Popen(
+            train_py(
+                "model=tiny",
+                "trainer.max_epochs=1",
+                "task.data.train_size=64",
+                "test=false",
+                "extras.print_config=false",
+                f"paths.log_dir={tmp_path}",
+            ),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    for process in processes:
+        assert process.wait(timeout=300) == 0, process.stderr.read()[-2000:]
+    runs = list((tmp_path / "probe" / "runs").iterdir())
+    assert len(runs) == 3
+    for run_dir in runs:
+        assert status.read(run_dir).state == "completed"
+        assert len(list((run_dir / "checkpoints").glob("*.ckpt"))) == 2, "last and best, one run's"
+
+
+class Positions:
+    """A dataset whose item is its key: a batch of positions for the token-batch sampler."""
+
+    def __getitem__(self, key):
+        return key
+
+    def __len__(self) -> int:
+        return 50
+
+
+def batches_of(loader) -> list[list[int]]:
+    return [batch if isinstance(batch, list) else batch.tolist() for batch in loader]
+
+
+@pytest.mark.parametrize("epoch", [0, 3])
+def test_a_resumed_pass_serves_the_rest_of_the_same_order(epoch):
+    import numpy as np
+
+    from attnlab.data.loader import ResumableLoader, ResumableSampler
+    from attnlab.tasks.translation import TokenBatchSampler
+
+    token_batches = [np.arange(i, i + 5) for i in range(0, 50, 5)]
+    makers = [
+        lambda: ResumableLoader(
+            list(range(50)), sampler=ResumableSampler(range(50), num_replicas=1, rank=0, seed=7),
+            batch_size=4,
+        ),
+        lambda: ResumableLoader(
+            Positions(), sampler=TokenBatchSampler(token_batches, True, seed=7), batch_size=None,
+            collate_fn=lambda positions: positions,
+        ),
+    ]  # fmt: skip
+    for make in makers:
+        whole = make()
+        whole.sampler.set_epoch(epoch)
+        global_state = torch.get_rng_state()
+        expected = batches_of(whole)
+        assert torch.get_rng_state().equal(global_state), "the global generator is untouched"
+        resumed = make()
+        iterator = iter(resumed)  # Lightning makes the iterator before the resume is known
+        resumed.sampler.set_epoch(epoch)
+        resumed.resume_after(3)
+        assert batches_of(iterator) == expected[3:]
+        assert batches_of(resumed) == expected, "only one pass is shortened"

@@ -52,7 +52,7 @@ def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 def test_beam_of_one_is_greedy_and_the_cache_changes_nothing(pe, norm, synthesizer):
     net = model(pe, norm, synthesizer)
     src, padding = batch()
-    limits = max_target_lengths(net, padding, 1.2, 10)
+    limits = max_target_lengths(net, padding, 1.2, 10, 256)
     reference = greedy(net, src, padding, BOS, EOS, limits, cache=False)
     assert greedy(net, src, padding, BOS, EOS, limits) == reference
     assert beam_search(net, src, padding, BOS, EOS, limits, 1, 0.6) == reference
@@ -63,7 +63,7 @@ def test_beam_of_one_is_greedy_and_the_cache_changes_nothing(pe, norm, synthesiz
 def test_greedy_picks_the_most_likely_next_token_at_every_step():
     net = model()
     src, padding = batch(1)
-    limits = max_target_lengths(net, padding, 1.0, 3)
+    limits = max_target_lengths(net, padding, 1.0, 3, 256)
     hypotheses = greedy(net, src, padding, BOS, EOS, limits)
     memory = net.encode(src, padding)
     for row, hypothesis in enumerate(hypotheses):
@@ -107,7 +107,7 @@ def test_hypotheses_respect_the_length_limit_and_a_length_bound_pe():
         for hypothesis in translate(bounded, src, padding, BOS, EOS, config, beam):
             assert len(hypothesis) <= 15  # BOS and 15 tokens fill positions 0..15
     net = model()
-    limits = max_target_lengths(net, padding, 0.5, 1)
+    limits = max_target_lengths(net, padding, 0.5, 1, 256)
     assert limits.tolist() == [5, 5, 4, 5, 2]  # ⌊0.5·|source| + 1⌋
     for row, hypothesis in enumerate(greedy(net, src, padding, BOS, EOS, limits)):
         assert len(hypothesis) <= limits[row]

@@ -7,7 +7,9 @@ Loader edge cases run on small corpora written to tmp_path; the real-data tests 
 from __future__ import annotations
 
 import logging
+import os
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -247,6 +249,36 @@ def test_a_second_datamodule_reuses_tokenizer_and_token_caches(corpus, tmp_path,
     second.setup()
     again = next(iter(second.val_dataloader()))
     assert torch.equal(again["src"], reference["src"]) and again["ref"] == reference["ref"]
+
+
+def test_an_edit_that_keeps_size_and_mtime_is_not_served_from_the_cache(corpus, tmp_path):
+    first = local(corpus, tmp_path / "cache")
+    first.setup()
+    before = sorted(ref for batch in first.val_dataloader() for ref in batch["ref"])
+    valid = corpus / "valid.de"
+    info = valid.stat()
+    text = valid.read_text(encoding="utf-8")
+    edited = text.replace("hund", "HUND")  # the same size
+    assert edited != text
+    valid.write_text(edited, encoding="utf-8")
+    os.utime(valid, ns=(info.st_atime_ns, info.st_mtime_ns))  # as cp -p or rsync -a leave it
+    assert (valid.stat().st_size, valid.stat().st_mtime_ns) == (info.st_size, info.st_mtime_ns)
+    second = local(corpus, tmp_path / "cache")
+    second.setup()
+    after = sorted(ref for batch in second.val_dataloader() for ref in batch["ref"])
+    assert after == sorted(line.strip() for line in edited.splitlines()) != before
+
+
+def test_the_same_bytes_elsewhere_reuse_the_cache(corpus, tmp_path, monkeypatch):
+    local(corpus, tmp_path / "cache").setup()
+    moved = tmp_path / "moved"
+    shutil.copytree(corpus, moved)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the cache should have been reused")
+
+    monkeypatch.setattr(translation, "write_split", never)
+    local(moved, tmp_path / "cache").setup()
 
 
 # --- the hub --------------------------------------------------------------------------------

@@ -51,6 +51,23 @@ class Diverged(ArithmeticError):
     """Training reached a NaN or infinite loss; the message says when and what to change."""
 
 
+def is_count(value: Any, least: int = 1) -> bool:
+    """An integer (not a bool) of at least `least`."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def require_counts(prefix: str, least: int = 1, **values: Any) -> None:
+    """ConfigError for the first value that is not an integer of at least `least`."""
+    for name, value in values.items():
+        if not is_count(value, least):
+            kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
+            raise ConfigError(f"{prefix}.{name}={value!r} must be {kind}")
+
+
 def to_dict(node: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     """A plain, resolved dict from a DictConfig or mapping."""
     if isinstance(node, DictConfig):

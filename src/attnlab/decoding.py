@@ -1,7 +1,7 @@
 """Greedy and beam search for an encoder-decoder, batched, over the key/value cache.
 
 Hypothesis length is capped per sentence at max_len_a·|source| + max_len_b tokens (fairseq's
-rule), after which EOS is forced. Beam search keeps `beam` live hypotheses per sentence,
+rule) and at max_len tokens whatever the source, after which EOS is forced. Beam search keeps `beam` live hypotheses per sentence,
 finalizes those that end in EOS among the top `beam` candidates (as fairseq does), stops a
 sentence once it has `beam` finished hypotheses, and ranks them by
 log p(y) / lp(y), lp(y) = ((5 + |y|)/6)^α (GNMT's length penalty, α = length_penalty;
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnlab.config import ConfigError, is_number, require_counts
 from attnlab.model.transformer import EncoderDecoder
 
 
@@ -27,13 +28,25 @@ class DecodeConfig:
     length_penalty: float = 0.6  # GNMT α
     max_len_a: float = 1.2
     max_len_b: int = 10
+    max_len: int = 256  # an absolute cap on hypotheses, in tokens, whatever the source length
     cache: bool = True  # reuse keys and values of earlier steps (False: recompute, for tests)
 
+    def __post_init__(self) -> None:
+        require_counts("decode", beam=self.beam, val_beam=self.val_beam, max_len=self.max_len)
+        require_counts("decode", least=0, max_len_b=self.max_len_b)
+        for name in ("length_penalty", "max_len_a"):
+            value = getattr(self, name)
+            if not (is_number(value) and value >= 0):
+                raise ConfigError(f"decode.{name}={value!r} must be a number of at least 0")
 
-def max_target_lengths(model: EncoderDecoder, src_padding: Tensor, a: float, b: int) -> Tensor:
-    """Longest hypothesis (in tokens, EOS excluded) each sentence may get: a·|source| + b,
-    and no more than the decoder's positions allow (BOS and the hypothesis take 0..limit)."""
-    limits = ((~src_padding).sum(1) * a + b).floor().long().clamp_min(1)
+
+def max_target_lengths(
+    model: EncoderDecoder, src_padding: Tensor, a: float, b: int, cap: int
+) -> Tensor:
+    """Longest hypothesis (in tokens, EOS excluded) each sentence may get: a·|source| + b, at
+    most `cap`, and no more than the decoder's positions allow (BOS and the hypothesis take
+    0..limit)."""
+    limits = ((~src_padding).sum(1) * a + b).floor().long().clamp(1, cap)
     bound = model.decoder.parts.max_len
     return limits if bound is None else limits.clamp_max(bound - 1)
 
@@ -153,7 +166,9 @@ def translate(
     beam: int,
 ) -> list[list[int]]:
     """Hypotheses (token ids without BOS/EOS) for a batch of sources."""
-    limits = max_target_lengths(model, src_padding, config.max_len_a, config.max_len_b)
+    limits = max_target_lengths(
+        model, src_padding, config.max_len_a, config.max_len_b, config.max_len
+    )
     if beam == 1:
         return greedy(model, src, src_padding, bos, eos, limits, config.cache)
     return beam_search(

@@ -17,6 +17,7 @@ import hydra
 from omegaconf import DictConfig
 
 from attnlab.config import ConfigError, to_dict
+from attnlab.preflight import check_setting_keys
 from attnlab.resume import (
     RECORD_KEY,
     argument,
@@ -80,6 +81,7 @@ def main() -> None:
                 "last.ckpt (the latest state) or <run>/checkpoints/epoch_NNN.ckpt (the best)"
             )
         sys.argv[1:] = evaluation_arguments(args)
+        check_setting_keys(sys.argv[1:], CONFIG_DIR, "eval")
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
     evaluate_main()

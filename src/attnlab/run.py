@@ -20,7 +20,10 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config import ConfigError, build, to_dict
+from attnlab.decoding import DecodeConfig
 from attnlab.logger.wandb import WandbLogger
+from attnlab.model.config import ModelConfig
+from attnlab.optim import check_optim
 from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,14 @@ def quiet_library_noise() -> None:
 def command_line_overrides() -> list[str]:
     """The overrides this run was launched with (empty outside a Hydra app)."""
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """The model, optimizer and decoding settings, checked before any data is read (the
+    system checks them again when it is built, after the data gave it vocabulary sizes)."""
+    ModelConfig.from_config(cfg.model)
+    check_optim(**to_dict(cfg.task.optim))
+    DecodeConfig(**to_dict(cfg.decode))
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:

@@ -54,6 +54,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         )
     with status.tracking(Path(output_dir), enabled=first, resumed=resuming) as tracker:
         run.check_sweep_devices(cfg)
+        run.check_settings(cfg)
         L.seed_everything(cfg.seed, workers=True)
         datamodule = run.build_datamodule(cfg)
         if cfg.test and not datamodule.has_split("test"):
@@ -133,10 +134,12 @@ def interrupted(cfg: DictConfig) -> str:
 
 def main() -> None:
     """Resuming (`ckpt_path=...`, `run_dir=...`) rebuilds the run from what it stored."""
+    from attnlab.preflight import check_setting_keys
     from attnlab.resume import training_arguments
 
     try:
         sys.argv[1:] = training_arguments(sys.argv[1:])
+        check_setting_keys(sys.argv[1:], CONFIG_DIR, "train")
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
     train_main()

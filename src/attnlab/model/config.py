@@ -8,7 +8,7 @@ from typing import Any
 
 from attnlab.attention.core import Compute
 from attnlab.attention.shape import StackShape
-from attnlab.config import METADATA, ConfigError, to_dict
+from attnlab.config import METADATA, ConfigError, is_number, require_counts, to_dict
 
 ACTIVATIONS = ("relu", "gelu")
 BLOCKS = ("standard", "gau")
@@ -38,6 +38,21 @@ class ModelConfig:
     layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
+        sizes = ("d_model", "n_heads", "n_layers", "d_ff", "gau_qk_dim", "gau_expansion")
+        require_counts("model", **{name: getattr(self, name) for name in sizes})
+        if self.n_decoder_layers is not None:
+            require_counts("model", n_decoder_layers=self.n_decoder_layers)
+        for name in ("dropout", "attn_dropout"):
+            value = getattr(self, name)
+            if not (is_number(value) and 0 <= value < 1):
+                raise ConfigError(f"model.{name}={value!r} must be a probability in [0, 1)")
+        for name in ("init_std", "layer_norm_eps"):
+            value = getattr(self, name)
+            if not (is_number(value) and value > 0):
+                raise ConfigError(f"model.{name}={value!r} must be a positive number")
+        for f in fields(self):
+            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+                raise ConfigError(f"model.{f.name}={getattr(self, f.name)!r} must be true or false")
         if self.block not in BLOCKS:
             raise ConfigError(f"model.block={self.block!r} is not one of: {', '.join(BLOCKS)}")
         if self.activation not in ACTIVATIONS:

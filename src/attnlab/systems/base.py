@@ -9,7 +9,7 @@ import lightning as L
 from torch import Tensor, nn
 
 from attnlab.norm.base import Normalizer
-from attnlab.optim import configure_adamw
+from attnlab.optim import check_optim, configure_adamw
 from attnlab.pe.base import PositionalEncoding
 from attnlab.synthesizer.base import Synthesizer
 
@@ -34,6 +34,7 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
 class System(L.LightningModule):
     def __init__(self, optim: dict) -> None:
         super().__init__()
+        check_optim(**optim)  # before any work, not when training starts
         self.optim = dict(optim)
 
     def configure_optimizers(self) -> dict:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from attnlab.config import ConfigError
+from attnlab.config import ConfigError, require_counts
 from attnlab.data.loader import ResumableLoader, ResumableSampler
 
 PAD, ZERO, CLS, SEP = 0, 1, 2, 3
@@ -56,6 +56,8 @@ class ProbeDataModule(L.LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
+        require_counts("task.data", batch_size=batch_size, train_size=train_size)
+        require_counts("task.data", least=0, num_workers=num_workers)
         self.eval_min_len = min_len if eval_min_len is None else eval_min_len
         self.eval_max_len = max_len if eval_max_len is None else eval_max_len
         if not 1 <= min_len <= max_len or not 1 <= self.eval_min_len <= self.eval_max_len:

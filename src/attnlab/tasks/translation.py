@@ -12,13 +12,15 @@ With `test_src` and `test_tgt`, the test split is those two files, whatever the 
 
 Hygiene: pairs with an empty or whitespace-only side are dropped from every split; pairs with
 a sequence longer than `max_len` or a token-count ratio above `max_len_ratio` are dropped from
-training only (validation and test are scored on every pair). Each count is logged. Misaligned
+training only (validation and test are scored on every pair; a sequence longer than
+`max_eval_len` tokens is cut to it there, and the log names its line). Each count is logged. Misaligned
 files, undecodable bytes and missing files stop with a ConfigError that says what to fix.
 
 Caches, under `cache_dir` (paths.data_dir): the tokenizer in tokenizers/<key>/ (see
 `attnlab.tokenizer`); each split's token ids, raw references and line numbers, written once as
-flat arrays with offsets to tokens/<key>/, keyed by the split's identity (file sizes and mtimes
-for local files), the direction and the tokenizers. Later runs memory-map them and neither read
+flat arrays with offsets to tokens/<key>/, keyed by the split's identity (the files' content
+digests, attnlab.data.digest; for the hub, dataset, subset and revision), the direction and
+the tokenizers. Later runs memory-map them and neither read
 the corpus nor tokenize. Caches are built in `prepare_data`; `setup`, `model_kwargs()` and
 `max_seq_len` open them, building whatever is missing under a file lock (so that every DDP rank
 may ask, and the model may be built before Lightning calls `prepare_data`).
@@ -66,7 +68,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from attnlab.config import ConfigError
+from attnlab.config import ConfigError, require_counts
+from attnlab.data.digest import file_digest
 from attnlab.data.loader import ResumableLoader, ResumableSampler
 from attnlab.tokenizer import (
     BOS_ID,
@@ -157,10 +160,11 @@ class Corpus(Protocol):
 
 
 class LineAlignedFiles:
-    """Splits stored as two line-aligned UTF-8 files; subclasses say where they are."""
+    """Splits stored as two line-aligned UTF-8 files; subclasses say where they are. Their
+    identity is their content (`digests`: where file digests are remembered)."""
 
-    def __init__(self, src_lang: str, tgt_lang: str) -> None:
-        self.langs = (src_lang, tgt_lang)
+    def __init__(self, src_lang: str, tgt_lang: str, digests: Path) -> None:
+        self.langs, self.digests = (src_lang, tgt_lang), digests
 
     def files(self, split: str) -> tuple[Path, Path] | None:
         """The split's two files; None when neither exists, an error when only one does."""
@@ -170,9 +174,8 @@ class LineAlignedFiles:
         raise NotImplementedError
 
     def identity(self, split: str) -> dict[str, Any]:
-        files = self.files(split)
-        stats = [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in files or ()]
-        return {"source": "local", "split": split, "files": stats}
+        digests = [file_digest(path, self.digests) for path in self.files(split) or ()]
+        return {"source": "local", "split": split, "sha256": digests}
 
     def has(self, split: str) -> bool:
         return self.files(split) is not None
@@ -204,8 +207,8 @@ class LineAlignedFiles:
 class LocalCorpus(LineAlignedFiles):
     """Line-aligned files `{directory}/{split}.{lang}`."""
 
-    def __init__(self, directory: str | None, src_lang: str, tgt_lang: str) -> None:
-        super().__init__(src_lang, tgt_lang)
+    def __init__(self, directory: str | None, src_lang: str, tgt_lang: str, digests: Path) -> None:
+        super().__init__(src_lang, tgt_lang, digests)
         hint = (
             f"pass task.data.dir=<directory with {{train,valid,test}}.{src_lang} and "
             f"{{train,valid,test}}.{tgt_lang} files>, or task.data.source=hub"
@@ -232,8 +235,10 @@ class LocalCorpus(LineAlignedFiles):
 class FilePair(LineAlignedFiles):
     """One split given as a source file and a target file, by path."""
 
-    def __init__(self, split: str, src: str, tgt: str, src_lang: str, tgt_lang: str) -> None:
-        super().__init__(src_lang, tgt_lang)
+    def __init__(
+        self, split: str, src: str, tgt: str, src_lang: str, tgt_lang: str, digests: Path
+    ) -> None:
+        super().__init__(src_lang, tgt_lang, digests)
         self.split = split
         self.paths = tuple(Path(p).expanduser().resolve() for p in (src, tgt))
         for option, path in zip((f"{split}_src", f"{split}_tgt"), self.paths, strict=True):
@@ -272,7 +277,9 @@ class Overlay:
         return self._for(split).pairs(split, rows)
 
 
-def load_hub(dataset: str, subset: str | None, cache_dir: Path, hint: str) -> Any:
+def load_hub(
+    dataset: str, subset: str | None, revision: str | None, cache_dir: Path, hint: str
+) -> Any:
     """A DatasetDict from the Hugging Face hub; fails fast, with `hint`, when it is unreachable."""
     try:
         import datasets
@@ -291,7 +298,7 @@ def load_hub(dataset: str, subset: str | None, cache_dir: Path, hint: str) -> An
 
     if not constants.HF_HUB_OFFLINE:  # offline mode reads the HF cache: nothing to probe
         try:
-            HfApi().dataset_info(dataset, timeout=HUB_TIMEOUT_S)
+            HfApi().dataset_info(dataset, revision=revision, timeout=HUB_TIMEOUT_S)
         except HfHubHTTPError as error:
             raise ConfigError(
                 f"the hub refused dataset {dataset!r} ({error}): check task.data.dataset"
@@ -300,7 +307,7 @@ def load_hub(dataset: str, subset: str | None, cache_dir: Path, hint: str) -> An
             # library's (httpx, requests), which depends on the huggingface_hub version
             raise unreachable(error) from None
     try:
-        return datasets.load_dataset(dataset, subset, cache_dir=str(cache_dir))
+        return datasets.load_dataset(dataset, subset, revision=revision, cache_dir=str(cache_dir))
     except ConnectionError as error:  # offline mode without a cached copy, or a lost download
         raise unreachable(error) from None
 
@@ -317,13 +324,20 @@ class HubCorpus:
     """A Hugging Face dataset, downloaded (and cached under <cache_dir>/hf) when first needed."""
 
     def __init__(
-        self, dataset: str | None, subset: str | None, src_lang: str, tgt_lang: str, cache_dir: Path
+        self,
+        dataset: str | None,
+        subset: str | None,
+        revision: str | None,
+        src_lang: str,
+        tgt_lang: str,
+        cache_dir: Path,
     ) -> None:
         if not dataset:
             raise ConfigError(
                 "task.data.source=hub needs task.data.dataset=<hub name, e.g. wmt/wmt14>"
             )
-        self.dataset, self.subset, self.langs = dataset, subset, (src_lang, tgt_lang)
+        self.dataset, self.subset, self.revision = dataset, subset, revision
+        self.langs = (src_lang, tgt_lang)
         self.cache_dir = cache_dir
         self.hint = (
             f"without network, pass task.data.source=local task.data.dir=<dir with "
@@ -332,7 +346,7 @@ class HubCorpus:
 
     @cached_property
     def splits(self) -> Any:
-        data = load_hub(self.dataset, self.subset, self.cache_dir, self.hint)
+        data = load_hub(self.dataset, self.subset, self.revision, self.cache_dir, self.hint)
         for split in data.values():
             self._check_languages(split)
         return data
@@ -357,7 +371,11 @@ class HubCorpus:
         return self.splits[names[0]] if names else None
 
     def identity(self, split: str) -> dict[str, Any]:
-        return {"source": "hub", "dataset": self.dataset, "subset": self.subset, "split": split}
+        """Without a pinned revision, the hub's latest as of the cache's first use."""
+        return {
+            "source": "hub", "dataset": self.dataset, "subset": self.subset,
+            "revision": self.revision, "split": split,
+        }  # fmt: skip
 
     def describe(self, split: str) -> str:
         return f"hub dataset {self.dataset} ({self.subset}) split {split}"
@@ -391,28 +409,30 @@ def make_corpus(
     directory: str | None,
     dataset: str | None,
     subset: str | None,
+    revision: str | None,
     langs: tuple[str, str],
     cache_dir: Path,
     test_files: tuple[str | None, str | None] = (None, None),
 ) -> Corpus:
     """The corpus of `source`; with test_files (source, target paths), its test split is
     read from those two files instead."""
+    digests = cache_dir / "digests"
     if source == "local":
-        corpus: Corpus = LocalCorpus(directory, *langs)
+        corpus: Corpus = LocalCorpus(directory, *langs, digests)
     elif source == "hub":
         if directory is not None:
             raise ConfigError(
                 f"task.data.dir={directory} is read only with task.data.source=local: add "
                 "task.data.source=local to use those files (or drop task.data.dir for the hub)"
             )
-        corpus = HubCorpus(dataset, subset, *langs, cache_dir / "hf")
+        corpus = HubCorpus(dataset, subset, revision, *langs, cache_dir / "hf")
     else:
         raise ConfigError(f"task.data.source={source!r} is not one of: {', '.join(SOURCES)}")
     if test_files == (None, None):
         return corpus
     if None in test_files:
         raise ConfigError("task.data.test_src and task.data.test_tgt go together: give both paths")
-    return Overlay(corpus, FilePair("test", *test_files, *langs))  # type: ignore[arg-type]
+    return Overlay(corpus, FilePair("test", *test_files, *langs, digests))  # type: ignore[arg-type]
 
 
 # --- the token cache ---------------------------------------------------------------------------
@@ -669,22 +689,26 @@ class TokenBatchSampler(ResumableSampler):
 
 class TranslationDataset(Dataset):
     """The pairs at `rows` of a split. An item is a whole batch: a list of positions (what
-    TokenBatchSampler yields) -> their examples, so DataLoader runs with batch_size=None."""
+    TokenBatchSampler yields) -> their examples, so DataLoader runs with batch_size=None.
+    With `cut`, sequences longer than `cut` tokens (specials included) are cut to it."""
 
-    def __init__(self, data: SplitData, rows: np.ndarray) -> None:
-        self.data, self.rows = data, rows
+    def __init__(self, data: SplitData, rows: np.ndarray, cut: int | None = None) -> None:
+        self.data, self.rows, self.cut = data, rows, cut
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, positions: list[int]) -> list[Example]:
-        return [self.data.example(int(self.rows[p])) for p in positions]
+        examples = [self.data.example(int(self.rows[p])) for p in positions]
+        if self.cut is None:
+            return examples
+        return [e._replace(src=e.src[: self.cut - 1], tgt=e.tgt[: self.cut - 2]) for e in examples]
 
     def src_lengths(self) -> np.ndarray:
-        return self.data.src_lengths()[self.rows]
+        return np.minimum(self.data.src_lengths()[self.rows], self.cut or np.iinfo(np.int64).max)
 
     def tgt_lengths(self) -> np.ndarray:
-        return self.data.tgt_lengths()[self.rows]
+        return np.minimum(self.data.tgt_lengths()[self.rows], self.cut or np.iinfo(np.int64).max)
 
 
 def collate(examples: list[Example]) -> dict[str, Any]:
@@ -734,6 +758,7 @@ class TranslationDataModule(L.LightningDataModule):
         dir: str | None = None,
         dataset: str | None = None,
         subset: str | None = None,
+        revision: str | None = None,
         src_lang: str = "en",
         tgt_lang: str = "de",
         vocab_size: int = 8000,
@@ -744,6 +769,7 @@ class TranslationDataModule(L.LightningDataModule):
         max_tokens: int = 4096,
         max_len: int = 256,
         max_len_ratio: float = 3.0,
+        max_eval_len: int = 1024,
         train_size: int | None = None,
         sort_chunk: int = 100_000,
         seed: int = 0,
@@ -774,11 +800,20 @@ class TranslationDataModule(L.LightningDataModule):
         self.cache_dir = Path(cache_dir).expanduser().resolve()
         self.src_lang, self.tgt_lang, self.joint_vocab = src_lang, tgt_lang, joint_vocab
         self.corpus = make_corpus(
-            source, dir, dataset, subset, (src_lang, tgt_lang), self.cache_dir, (test_src, test_tgt)
+            source,
+            dir,
+            dataset,
+            subset,
+            revision,
+            (src_lang, tgt_lang),
+            self.cache_dir,
+            (test_src, test_tgt),
         )
         self.settings = TokenizerSettings(vocab_size, model_type, character_coverage)
         self.tokenizer_pairs, self.max_tokens = tokenizer_pairs, max_tokens
         self.max_len, self.max_len_ratio = max_len, max_len_ratio
+        require_counts("task.data", least=3, max_eval_len=max_eval_len)
+        self.max_eval_len = max_eval_len
         self.train_size, self.sort_chunk, self.seed = train_size, sort_chunk, seed
         self.num_workers = num_workers
         self.num_threads = num_threads or available_cores()
@@ -821,12 +856,18 @@ class TranslationDataModule(L.LightningDataModule):
         rng = np.random.default_rng(SAMPLE_SEED)
         rows = np.sort(rng.choice(total, min(total, self.tokenizer_pairs), replace=False))
         sides = [side for side, lang in ((1, self.src_lang), (2, self.tgt_lang)) if lang in langs]
-        return [
+        text = [
             pair[side]
             for pair in self.corpus.pairs("train", rows)
             if pair[1] and pair[2]
             for side in sides
         ]
+        if not text:
+            raise ConfigError(
+                f"{self.corpus.describe('train')} holds no pair with text on both sides: a "
+                "vocabulary and a model need training text"
+            )
+        return text
 
     def split_data(self, split: str) -> SplitData:
         """A split's token cache, built on first use."""
@@ -869,6 +910,11 @@ class TranslationDataModule(L.LightningDataModule):
                 f"there is no {split} split ({data.meta['source']} not found): "
                 f"{MISSING_SPLIT_HINT[split]}"
             )
+        if len(data) == 0:
+            raise ConfigError(
+                f"the {split} split ({data.meta['source']}) holds no pair with text on both "
+                f"sides ({data.meta['empty']} empty lines): {MISSING_SPLIT_HINT[split]}"
+            )
         return data
 
     def for_evaluation(self, src_model: bytes, tgt_model: bytes, stage: str) -> None:
@@ -906,7 +952,8 @@ class TranslationDataModule(L.LightningDataModule):
     def max_seq_len(self) -> int:
         evals = [self.split_data(split) for split in ("valid", "test") if split in self.splits]
         trained = [self.max_len] if "train" in self.splits else []
-        return max([*trained, *(data.longest() for data in evals if data.present)], default=0)
+        longest = [min(data.longest(), self.max_eval_len) for data in evals if data.present]
+        return max([*trained, *longest], default=0)
 
     def has_split(self, split: str) -> bool:
         """Whether the corpus has this split ("train", "valid" or "test")."""
@@ -962,7 +1009,16 @@ class TranslationDataModule(L.LightningDataModule):
         )
 
     def _eval(self, split: str, data: SplitData) -> tuple[TranslationDataset, list[np.ndarray]]:
-        dataset = TranslationDataset(data, np.arange(len(data)))
+        long = (data.src_lengths() > self.max_eval_len) | (data.tgt_lengths() > self.max_eval_len)
+        if long.any():
+            lines = (np.asarray(data.line)[long] + 1).tolist()
+            shown = ", ".join(map(str, lines[:10])) + (", ..." if len(lines) > 10 else "")
+            log.warning(
+                "%s: %d pairs are longer than task.data.max_eval_len=%d tokens and are cut to "
+                "it (lines %s); their BLEU is scored against the whole reference",
+                split, len(lines), self.max_eval_len, shown,
+            )  # fmt: skip
+        dataset = TranslationDataset(data, np.arange(len(data)), cut=self.max_eval_len)
         src, tgt = dataset.src_lengths(), dataset.tgt_lengths()
         batches = token_batches(length_order(src, tgt), src, tgt, self.max_tokens)
         return dataset, self._log_batches(split, batches, dataset)

@@ -1,0 +1,55 @@
+"""Checks of a command line before Hydra runs it, for mistakes Hydra reports unhelpfully.
+
+A misspelled setting (`model.dmodel=64`) makes Hydra suggest `+model.dmodel=64`, which would
+add a setting that nothing reads; here it is an error that names the settings there are.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.config import ConfigError
+
+
+def check_setting_keys(args: list[str], config_dir: str, config_name: str) -> None:
+    """Raise a ConfigError for an override of a setting that does not exist."""
+    if any(arg.startswith("-") for arg in args):  # -m, --help, --cfg: Hydra's own business
+        return
+    try:
+        overrides = OverridesParser.create().parse_overrides(args)
+    except Exception:
+        return  # a syntax error: Hydra says where
+    settings = [
+        o for o in overrides
+        if "." in o.key_or_group and not o.key_or_group.startswith("hydra.")
+        and not (o.is_add() or o.is_force_add() or o.is_delete() or o.package is not None)
+    ]  # fmt: skip
+    if not settings:
+        return
+    choices = [arg for arg, o in zip(args, overrides, strict=True) if "." not in o.key_or_group]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir, version_base="1.3"):
+            cfg = compose(config_name, overrides=choices)
+    except Exception:
+        return  # a bad choice: Hydra lists the options
+    finally:
+        GlobalHydra.instance().clear()
+    for override in settings:
+        parent_key, _, leaf = override.key_or_group.rpartition(".")
+        parent = OmegaConf.select(cfg, parent_key, throw_on_resolution_failure=False)
+        if isinstance(parent, DictConfig) and leaf in parent:
+            continue
+        if not isinstance(parent, DictConfig):
+            raise ConfigError(f"{override.key_or_group} is not a setting: there is no {parent_key}")
+        names = sorted(str(key) for key in parent)
+        close = difflib.get_close_matches(leaf, names, n=1)
+        hint = f" (did you mean {parent_key}.{close[0]}?)" if close else ""
+        raise ConfigError(
+            f"{override.key_or_group} is not a setting{hint}: {parent_key} has {', '.join(names)}"
+        )

@@ -27,8 +27,9 @@ class FiniteLoss(L.Callback):
         # decided together, so that every DDP rank stops at the same step
         if not trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True):
             lr = trainer.optimizers[0].param_groups[0]["lr"]
+            # the step its metrics row carries: the optimizer has already stepped on it
             raise Diverged(
-                f"train/loss is {float(loss)} at step {trainer.global_step} (learning rate "
+                f"train/loss is {float(loss)} at step {trainer.global_step - 1} (learning rate "
                 f"{lr:.3g}): the run diverged; lower task.optim.lr, raise "
                 "task.optim.warmup_steps, or keep trainer.gradient_clip_val on"
             )

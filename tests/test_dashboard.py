@@ -10,7 +10,8 @@ import time
 import wandb_workspaces.reports.v2 as wr
 from wandb_workspaces import expr
 
-from attnlab.compare.dashboard import build_report, flatten, swept_keys
+from attnlab.compare.dashboard import build_report, swept_keys
+from attnlab.config import flatten
 
 
 def report() -> wr.Report:

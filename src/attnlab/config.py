@@ -18,6 +18,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 METADATA = ("name", "description", "paper")
+DESCRIPTIVE = ("_target_", "description", "paper")  # what a node is and where its class lives
 
 
 def unique_directory(path: str) -> str:
@@ -66,6 +67,17 @@ def require_counts(prefix: str, least: int = 1, **values: Any) -> None:
         if not is_count(value, least):
             kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
             raise ConfigError(f"{prefix}.{name}={value!r} must be {kind}")
+
+
+def flatten(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"pe": {"name": "rope"}} -> {"pe.name": "rope"}."""
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def to_dict(node: Mapping[str, Any] | DictConfig) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
-from attnlab.config import ConfigError
+from attnlab.config import DESCRIPTIVE, ConfigError, flatten
 
 RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
 LAST = "last.ckpt"  # the latest state of a run, in <run dir>/checkpoints/
@@ -33,7 +33,6 @@ TOP_VALUES = ("seed", "tags", "train", "test", "optimized_metric")
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
 MODEL = ("pe", "norm", "synthesizer", "model")  # what a checkpoint's weights are built for
-NOT_COMPARED = ("description", "paper", "_target_")  # text, and where a class lives
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -143,25 +142,17 @@ def training_arguments(args: list[str]) -> list[str]:
     return resumed + ([f"hydra.run.dir={directory}"] if directory and "-m" not in args else [])
 
 
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(node, dict):
-        return {prefix: node}
-    flat: dict[str, Any] = {}
-    for key, value in node.items():
-        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
-
-
 def check_same_model(config: dict[str, Any], stored: dict[str, Any], program: str) -> None:
     """Refuse a config whose model differs from the checkpoint's: settings both define with
     different values (a setting only one side knows is a newer option, not a conflict)."""
-    mine = flatten({key: config.get(key) for key in MODEL} | {"task.name": config["task"]["name"]})
-    theirs = flatten({key: stored.get(key) for key in MODEL})
-    theirs["task.name"] = stored["task"]["name"]
+    mine = flatten({key: config.get(key) for key in MODEL}) | {"task.name": config["task"]["name"]}
+    theirs = flatten({key: stored.get(key) for key in MODEL}) | {
+        "task.name": stored["task"]["name"]
+    }
     differing = [
         key
         for key in mine
-        if key in theirs and mine[key] != theirs[key] and key.split(".")[-1] not in NOT_COMPARED
+        if key in theirs and mine[key] != theirs[key] and key.split(".")[-1] not in DESCRIPTIVE
     ]
     if differing:
         changes = ", ".join(f"{k}={theirs[k]} (not {mine[k]})" for k in differing)

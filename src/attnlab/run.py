@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import ConfigError, build, to_dict
+from attnlab.config import DESCRIPTIVE, ConfigError, build, to_dict
 from attnlab.decoding import DecodeConfig
 from attnlab.logger.wandb import WandbLogger
 from attnlab.model.config import ModelConfig
@@ -94,7 +94,6 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.
 
 
 NOT_LOGGED = ("paths", "hydra", "logger", "callbacks", "extras")  # where outputs go, not what ran
-METADATA = ("_target_", "description", "paper")
 
 
 def _portable(node: Any) -> Any:
@@ -103,7 +102,7 @@ def _portable(node: Any) -> Any:
         return {
             key: _portable(value)
             for key, value in node.items()
-            if key not in METADATA and not (isinstance(value, str) and os.path.isabs(value))
+            if key not in DESCRIPTIVE and not (isinstance(value, str) and os.path.isabs(value))
         }
     if isinstance(node, list):
         return [_portable(item) for item in node]

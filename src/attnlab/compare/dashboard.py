@@ -15,21 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from attnlab.config import ConfigError
+from attnlab.config import ConfigError, flatten
 from attnlab.logger.wandb import BY_POSITION, why_offline
 
 VARIANT = ("pe.name", "norm.name", "synthesizer.name")
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"pe": {"name": "rope"}} -> {"pe.name": "rope"}."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def swept_keys(configs: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -210,3 +210,13 @@ def test_a_resumed_pass_serves_the_rest_of_the_same_order(epoch):
         resumed.resume_after(3)
         assert batches_of(iterator) == expected[3:]
         assert batches_of(resumed) == expected, "only one pass is shortened"
+
+
+def test_a_run_whose_directory_a_config_replaces_leaves_no_stray_directory(tmp_path):
+    run(
+        "debug=fast", "model=tiny", "extras.print_config=false", f"paths.log_dir={tmp_path}",
+        "callbacks.progress_bar.refresh_rate=0",
+    )  # fmt: skip
+    made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_dir())
+    runs = [d for d in made if d.count("/") == 2]
+    assert len(runs) == 1 and runs[0].startswith("debug/runs/"), made

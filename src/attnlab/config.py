@@ -7,6 +7,8 @@ rest, so `conf/pe/rope.yaml` reads as the keyword arguments of `attnlab.pe.rope.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import inspect
 import itertools
 import os
@@ -21,9 +23,16 @@ METADATA = ("name", "description", "paper")
 DESCRIPTIVE = ("_target_", "description", "paper")  # what a node is and where its class lives
 
 
+_reserved: list[Path] = []  # directories unique_directory made in this process
+
+
 def unique_directory(path: str) -> str:
     """`path`, else `path_2`, `path_3`, ...: the first that did not exist, created by this call
-    (mkdir is exclusive: runs started in the same second, by any launcher, never share one)."""
+    (mkdir is exclusive: runs started in the same second, by any launcher, never share one).
+
+    Hydra also resolves a run directory that a later config replaces (debug=..., eval.py)
+    while it merges configs; what that made stays empty and is removed when the process ends.
+    """
     base = Path(path)
     base.parent.mkdir(parents=True, exist_ok=True)
     for n in itertools.count(1):
@@ -32,8 +41,16 @@ def unique_directory(path: str) -> str:
             candidate.mkdir()
         except FileExistsError:
             continue
+        _reserved.append(candidate)
         return str(candidate)
     raise AssertionError("unreachable")
+
+
+@atexit.register
+def _release_unused() -> None:
+    for directory in _reserved:
+        with contextlib.suppress(OSError):  # not empty: a run used it
+            directory.rmdir()
 
 
 # `${cwd:}`, the directory a run is launched from, for paths.root_dir. Hydra's own

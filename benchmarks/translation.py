@@ -31,6 +31,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import BENCHMARKS, ROOT, machine, write_section
 
+from attnlab.data.batching import collate
 from attnlab.decoding import greedy
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.transformer import EncoderDecoder, TokenEmbedding
@@ -86,9 +87,7 @@ def multi30k_batches(count: int) -> tuple[list[dict], int]:
     )
     data.setup("fit")
     dataset, batches = data.batched("train")
-    from attnlab.tasks.translation import collate
-
-    return [collate(dataset[list(b)]) for b in batches[:count]], data.tokenizer.vocab_size
+    return [collate(dataset[list(b)]) for b in batches[:count]], data.tokenizers.tgt.vocab_size
 
 
 def train_steps(model: nn.Module, batches: list[dict]) -> tuple[float, int]:

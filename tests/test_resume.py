@@ -184,8 +184,8 @@ def batches_of(loader) -> list[list[int]]:
 def test_a_resumed_pass_serves_the_rest_of_the_same_order(epoch):
     import numpy as np
 
+    from attnlab.data.batching import TokenBatchSampler
     from attnlab.data.loader import ResumableLoader, ResumableSampler
-    from attnlab.tasks.translation import TokenBatchSampler
 
     token_batches = [np.arange(i, i + 5) for i in range(0, 50, 5)]
     makers = [

@@ -23,18 +23,19 @@ from torch.utils.data import DistributedSampler
 
 from attnlab import tokenizer as tokenizer_module
 from attnlab.config import ConfigError, build
-from attnlab.model.config import AttentionConfig, ModelConfig
-from attnlab.model.transformer import EncoderDecoder
-from attnlab.tasks import translation
-from attnlab.tasks.translation import (
+from attnlab.data import seq2seq
+from attnlab.data.batching import (
     Example,
     TokenBatchSampler,
-    TranslationDataModule,
     bucketed_order,
     collate,
     padding_fraction,
     token_batches,
 )
+from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.transformer import EncoderDecoder
+from attnlab.tasks import translation
+from attnlab.tasks.translation import TranslationDataModule
 from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 WORDS = {
@@ -187,7 +188,7 @@ def test_evaluating_a_file_pair_reads_neither_the_hub_nor_another_split(
     corpus, tmp_path, monkeypatch
 ):
     trained = local(corpus, tmp_path / "cache")
-    model = trained.tokenizer.serialized()
+    model = trained.tokenizers.tgt.serialized()
     pairs = sentence_pairs(12, seed=5)
     write_split(tmp_path / "elsewhere", "test", pairs)
     src, tgt = (tmp_path / "elsewhere" / f"test.{lang}" for lang in ("en", "de"))
@@ -201,7 +202,7 @@ def test_evaluating_a_file_pair_reads_neither_the_hub_nor_another_split(
         source="hub", dataset="someone/parallel", cache_dir=str(tmp_path / "cache"),
         test_src=str(src), test_tgt=str(tgt), **TINY,
     )  # fmt: skip
-    module.for_evaluation(model, model, "test")
+    module.restore({"tokenizers": [model, model]}, "test")
     module.prepare_data()
     module.setup("test")
     test, _ = module.batched("test")
@@ -219,7 +220,7 @@ def test_a_directory_is_refused_with_the_hub_source(tmp_path):
 
 def test_separate_vocabularies_are_per_language_and_never_share_embeddings(corpus, tmp_path):
     module = local(corpus, tmp_path / "cache", joint_vocab=False)
-    src, tgt = module.src_tokenizer, module.tokenizer
+    src, tgt = module.tokenizers
     assert src.key != tgt.key
     assert src.decode(src.encode("dog runs in park")) == "dog runs in park"
     assert tgt.decode(tgt.encode("hund rennt im park")) == "hund rennt im park"
@@ -244,7 +245,7 @@ def test_a_second_datamodule_reuses_tokenizer_and_token_caches(corpus, tmp_path,
         raise AssertionError("the cache should have been reused")
 
     monkeypatch.setattr(tokenizer_module, "train_sentencepiece", never)
-    monkeypatch.setattr(translation, "write_split", never)
+    monkeypatch.setattr(seq2seq, "write_split", never)
     second = local(corpus, tmp_path / "cache")
     second.setup()
     again = next(iter(second.val_dataloader()))
@@ -277,7 +278,7 @@ def test_the_same_bytes_elsewhere_reuse_the_cache(corpus, tmp_path, monkeypatch)
     def never(*args, **kwargs):
         raise AssertionError("the cache should have been reused")
 
-    monkeypatch.setattr(translation, "write_split", never)
+    monkeypatch.setattr(seq2seq, "write_split", never)
     local(moved, tmp_path / "cache").setup()
 
 
@@ -446,7 +447,7 @@ def check_contract(batch: dict, module: TranslationDataModule, references: list[
     src, tgt, index = batch["src"], batch["tgt"], batch["index"]
     assert src.dtype == tgt.dtype == index.dtype == torch.long
     assert src.dim() == tgt.dim() == 2 and len(src) == len(tgt) == len(index) == len(batch["ref"])
-    assert src.numel() + tgt.numel() <= module.max_tokens or len(src) == 1
+    assert src.numel() + tgt.numel() <= module.batching.max_tokens or len(src) == 1
     assert (tgt[:, 0] == BOS_ID).all() and not (src == BOS_ID).any()
     for row in range(len(src)):
         for ids in (src[row], tgt[row]):
@@ -455,7 +456,7 @@ def check_contract(batch: dict, module: TranslationDataModule, references: list[
             assert (ids[length:] == PAD_ID).all()
         reference = batch["ref"][row]
         assert reference == references[int(index[row])]
-        tokenizer = module.tokenizer
+        tokenizer = module.tokenizers.tgt
         assert tokenizer.decode(tgt[row]) == tokenizer.decode(tokenizer.encode(reference))
 
 
@@ -485,7 +486,9 @@ def test_multi30k_batches_follow_the_contract(tmp_path):
         "pad_id": PAD_ID,
         "bos_id": BOS_ID,
         "eos_id": EOS_ID,
+        "tokenizers": module.tokenizers,
     }
+    assert module.tokenizers.src is module.tokenizers.tgt, "one joint vocabulary"
     longest = max(module.batched(s)[0].tgt_lengths().max() for s in ("valid", "test"))
     assert module.max_seq_len == max(64, longest)
 

@@ -44,8 +44,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     datamodule = run.build_datamodule(cfg)
     checkpoint = read_checkpoint(cfg.ckpt_path)
     check_same_model(to_dict(cfg), checkpoint[RECORD_KEY]["config"], "eval.py")
+    datamodule.restore(checkpoint, STAGES[cfg.split])
     system_class = get_class(cfg.task.system._target_)
-    system_class.restore_data(datamodule, checkpoint, STAGES[cfg.split])
     settings = {k: v for k, v in to_dict(cfg.task.system).items() if k != "_target_"}
     system = system_class.load_from_checkpoint(
         cfg.ckpt_path, map_location="cpu", weights_only=True, **settings

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config import DESCRIPTIVE, ConfigError, build, to_dict
+from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig
 from attnlab.logger.wandb import WandbLogger
 from attnlab.model.config import ModelConfig
@@ -56,11 +57,11 @@ def check_settings(cfg: DictConfig) -> None:
     DecodeConfig(**to_dict(cfg.decode))
 
 
-def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
+def build_datamodule(cfg: DictConfig) -> TaskData:
     return build(cfg.task.data)
 
 
-def build_system(cfg: DictConfig, datamodule: Any) -> System:
+def build_system(cfg: DictConfig, datamodule: TaskData) -> System:
     system = build(
         cfg.task.system,
         model=to_dict(cfg.model),

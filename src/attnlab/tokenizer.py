@@ -1,4 +1,4 @@
-"""SentencePiece subword vocabularies for translation, trained once per corpus and setting.
+"""SentencePiece subword vocabularies, trained once per corpus and setting.
 
 A model is trained on first use from sentences the caller supplies (a capped sample of the
 training split) and stored under `<directory>/<key>/`, where the key hashes the corpus identity
@@ -11,8 +11,8 @@ trained with, whatever data it is pointed at. Each entry holds `spm.model`, `spm
 Special ids are fixed so that every model, batch and decoder agrees on them:
 pad 0, unk 1, bos 2, eos 3.
 
-`cache_key` and `build_once` are the disk-cache primitives that the token cache of
-`attnlab.tasks.translation` shares.
+`cache_key` and `build_once` are the disk-cache primitives that the token cache
+(`attnlab.data.cache`) shares.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sentencepiece as spm
 from filelock import FileLock, Timeout
@@ -105,15 +105,19 @@ class Tokenizer:
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
-    def __init__(self, model_file: Path) -> None:
-        self.model_file = Path(model_file)
-        self.processor = spm.SentencePieceProcessor(model_file=str(self.model_file))
+    def __init__(self, model: bytes, model_file: Path | None = None) -> None:
+        self.model, self.model_file = model, model_file  # model_file: its cache entry, if any
+        self.processor = spm.SentencePieceProcessor(model_proto=model)
         # what token caches are keyed by: the model itself, wherever it came from
-        self.key = hashlib.sha256(self.serialized()).hexdigest()[:16]
+        self.key = hashlib.sha256(model).hexdigest()[:16]
+
+    @classmethod
+    def from_file(cls, model_file: Path) -> Tokenizer:
+        return cls(Path(model_file).read_bytes(), Path(model_file))
 
     def serialized(self) -> bytes:
-        """The model file's bytes (what a checkpoint stores)."""
-        return self.model_file.read_bytes()
+        """The model's bytes (what a checkpoint stores)."""
+        return self.model
 
     @property
     def vocab_size(self) -> int:
@@ -135,6 +139,25 @@ class Tokenizer:
         return self.processor.decode([i for i in values if i not in (self.pad_id, self.bos_id)])
 
 
+class Tokenizers(NamedTuple):
+    """The source and target tokenizers of a sequence-to-sequence model: one object twice
+    with a joint vocabulary. A checkpoint stores their models under VOCABULARY_KEY."""
+
+    src: Tokenizer
+    tgt: Tokenizer
+
+    def serialized(self) -> list[bytes]:
+        return [self.src.serialized(), self.tgt.serialized()]
+
+    @classmethod
+    def from_serialized(cls, models: Sequence[bytes]) -> Tokenizers:
+        src = Tokenizer(models[0])
+        return cls(src, src if models[1] == models[0] else Tokenizer(models[1]))
+
+
+VOCABULARY_KEY = "tokenizers"  # checkpoint entry: Tokenizers.serialized()
+
+
 def from_serialized(model: bytes, directory: Path) -> Tokenizer:
     """The tokenizer whose model file holds these bytes (e.g. a checkpoint's), stored once
     under `<directory>/restored-<hash>/`."""
@@ -144,7 +167,7 @@ def from_serialized(model: bytes, directory: Path) -> Tokenizer:
         (partial / MODEL_FILE).write_bytes(model)
 
     build_once(entry, write)
-    return Tokenizer(entry / MODEL_FILE)
+    return Tokenizer.from_file(entry / MODEL_FILE)
 
 
 def train_sentencepiece(
@@ -203,4 +226,4 @@ def load_or_train(
 
     if not build_once(entry, train):
         log.info("reusing the tokenizer in %s", entry)
-    return Tokenizer(entry / MODEL_FILE)
+    return Tokenizer.from_file(entry / MODEL_FILE)

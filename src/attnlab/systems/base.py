@@ -8,6 +8,7 @@ from typing import Any
 import lightning as L
 from torch import Tensor, nn
 
+from attnlab.data.task import TaskData
 from attnlab.norm.base import Normalizer
 from attnlab.optim import check_optim, configure_adamw
 from attnlab.pe.base import PositionalEncoding
@@ -52,7 +53,6 @@ class System(L.LightningModule):
         (its longest), keyed by layer name."""
         raise NotImplementedError
 
-    @staticmethod
-    def restore_data(datamodule: L.LightningDataModule, checkpoint: dict, stage: str) -> None:
-        """Give the datamodule what the checkpoint's model depends on, for evaluating at
-        `stage` ("validate" or "test"; eval.py calls this)."""
+    def check_lengths(self, data: TaskData) -> None:
+        """Raise a ConfigError if the data's sequences exceed what the model can take."""
+        raise NotImplementedError

@@ -21,15 +21,16 @@ from lightning.pytorch.loggers import WandbLogger
 from sacrebleu.metrics import BLEU, CHRF
 from torch import Tensor
 
+from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig, translate
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import EncoderDecoder
 from attnlab.systems.base import System
+from attnlab.tokenizer import VOCABULARY_KEY, Tokenizers
 
 log = logging.getLogger(__name__)
 SAMPLES = 3  # sample translations logged per validation
-TOKENIZERS = "tokenizers"  # checkpoint entry: the source and target SentencePiece models
 
 
 def metric_signatures() -> dict[str, str]:
@@ -67,9 +68,12 @@ class Seq2SeqSystem(System):
         joint_vocab: bool = True,
         label_smoothing: float = 0.1,
         decode: dict | None = None,
+        tokenizers: Tokenizers | None = None,
     ) -> None:
         super().__init__(optim)
-        self.save_hyperparameters(logger=False)  # loggers get the run's config (train.py)
+        # loggers get the run's config (train.py); the tokenizers go in as bytes (below)
+        self.save_hyperparameters(logger=False, ignore=["tokenizers"])
+        self.tokenizers = tokenizers  # from the data; from the checkpoint when loaded
         self.net = EncoderDecoder(
             ModelConfig.from_config(model),
             AttentionConfig.from_config(pe, norm, synthesizer),
@@ -96,9 +100,9 @@ class Seq2SeqSystem(System):
         maps = attention_maps(self.net, lambda: self.net(src, src == self.pad_id, tgt))
         return {name: weights[0] for name, weights in maps.items()}
 
-    def check_lengths(self, datamodule) -> None:
-        self.net.encoder.check_length(datamodule.max_seq_len)
-        self.net.decoder.check_length(datamodule.max_seq_len, datamodule.max_seq_len)
+    def check_lengths(self, data: TaskData) -> None:
+        self.net.encoder.check_length(data.max_seq_len)
+        self.net.decoder.check_length(data.max_seq_len, data.max_seq_len)
 
     def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, int]:
         src, tgt = batch["src"], batch["tgt"]
@@ -123,9 +127,8 @@ class Seq2SeqSystem(System):
         ids = translate(
             self.net, src, src == self.pad_id, self.bos_id, self.eos_id, self.decode_config, beam
         )
-        datamodule = self.trainer.datamodule
-        hypotheses = [datamodule.tokenizer.decode(h) for h in ids]
-        sources = [datamodule.src_tokenizer.decode(s) for s in src]
+        hypotheses = [self.tokenizers.tgt.decode(h) for h in ids]
+        sources = [self.tokenizers.src.decode(s) for s in src]
         self.hypotheses += zip(
             batch["index"].tolist(), sources, batch["ref"], hypotheses, strict=True
         )
@@ -167,16 +170,10 @@ class Seq2SeqSystem(System):
                 )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        datamodule = self.trainer.datamodule
-        checkpoint[TOKENIZERS] = [
-            datamodule.src_tokenizer.serialized(),
-            datamodule.tokenizer.serialized(),
-        ]
+        checkpoint[VOCABULARY_KEY] = self.tokenizers.serialized()
 
-    @staticmethod
-    def restore_data(datamodule, checkpoint: dict, stage: str) -> None:
-        """Evaluate with the vocabulary the model was trained with, whatever the data."""
-        datamodule.for_evaluation(*checkpoint[TOKENIZERS], stage)
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.tokenizers = Tokenizers.from_serialized(checkpoint[VOCABULARY_KEY])
 
     def on_validation_epoch_end(self) -> None:
         self._finish("val")

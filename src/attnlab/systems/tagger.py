@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from attnlab.data.task import TaskData
 from attnlab.metrics import AccuracyByPosition
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.maps import attention_maps
@@ -90,8 +91,8 @@ class TaggerSystem(System):
         maps = attention_maps(self.net, lambda: self.net(tokens, None))
         return {name: weights[0] for name, weights in maps.items()}
 
-    def check_lengths(self, datamodule) -> None:
-        self.net.stack.check_length(datamodule.max_seq_len)
+    def check_lengths(self, data: TaskData) -> None:
+        self.net.stack.check_length(data.max_seq_len)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         return self._step(batch, "train")

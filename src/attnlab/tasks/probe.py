@@ -12,13 +12,13 @@ identical). Setting eval_max_len > max_len tests extrapolation to unseen positio
 
 from __future__ import annotations
 
-import lightning as L
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
 from attnlab.config import ConfigError, require_counts
 from attnlab.data.loader import ResumableLoader, ResumableSampler
+from attnlab.data.task import TaskData
 
 PAD, ZERO, CLS, SEP = 0, 1, 2, 3
 IGNORE = -100  # target of padding and marker positions: excluded from loss and metrics
@@ -40,7 +40,7 @@ def collate(batch: list[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
     return {"tokens": tokens, "targets": targets, "padding": tokens == PAD}
 
 
-class ProbeDataModule(L.LightningDataModule):
+class ProbeDataModule(TaskData):
     vocab_size = 4
 
     def __init__(

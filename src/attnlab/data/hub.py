@@ -1,0 +1,52 @@
+"""Datasets from the Hugging Face hub, with a fast, clear failure when it cannot be reached.
+
+The hub is probed with a short timeout before `datasets` is asked for anything, so a
+machine without network stops at once with a ConfigError carrying the caller's `hint`
+(the local alternative); set HF_HUB_OFFLINE=1 to read the HF cache without probing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from attnlab.config import ConfigError
+
+HUB_TIMEOUT_S = 10.0
+HUB_BATCH = 1_000  # rows read from an Arrow table at a time
+HUB_SPLIT_NAMES = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
+
+
+def load_hub(
+    dataset: str, subset: str | None, revision: str | None, cache_dir: Path, hint: str
+) -> Any:
+    """A DatasetDict from the Hugging Face hub; fails fast, with `hint`, when it is unreachable."""
+    try:
+        import datasets
+        from huggingface_hub import HfApi, constants
+        from huggingface_hub.errors import HfHubHTTPError
+    except ImportError:
+        raise ConfigError(
+            f"task.data.source=hub needs the `datasets` package (pip install datasets); or {hint}"
+        ) from None
+
+    def unreachable(error: Exception) -> ConfigError:
+        reason = f"{type(error).__name__}: {error}"
+        return ConfigError(
+            f"could not reach {dataset!r} on the Hugging Face hub ({reason}): {hint}"
+        )
+
+    if not constants.HF_HUB_OFFLINE:  # offline mode reads the HF cache: nothing to probe
+        try:
+            HfApi().dataset_info(dataset, revision=revision, timeout=HUB_TIMEOUT_S)
+        except HfHubHTTPError as error:
+            raise ConfigError(
+                f"the hub refused dataset {dataset!r} ({error}): check task.data.dataset"
+            ) from None
+        except Exception as error:  # DNS, refused, timeout, proxy: the class is the HTTP
+            # library's (httpx, requests), which depends on the huggingface_hub version
+            raise unreachable(error) from None
+    try:
+        return datasets.load_dataset(dataset, subset, revision=revision, cache_dir=str(cache_dir))
+    except ConnectionError as error:  # offline mode without a cached copy, or a lost download
+        raise unreachable(error) from None

@@ -1,0 +1,28 @@
+"""The contract between a task's data and everything that uses it (train.py, eval.py, the
+task's system): what they may ask of a task's LightningDataModule, and nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+
+
+class TaskData(L.LightningDataModule):
+    def has_split(self, split: str) -> bool:
+        """Whether the data has this split ("train", "valid" or "test")."""
+        raise NotImplementedError
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """The system's constructor arguments that come from the data (vocabulary sizes,
+        special ids, tokenizers, classes). Asked before Lightning prepares the data."""
+        raise NotImplementedError
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence the model will be given, specials included."""
+        raise NotImplementedError
+
+    def restore(self, checkpoint: dict[str, Any], stage: str) -> None:
+        """Serve `stage` ("validate" or "test") with what the checkpoint's model was trained
+        with beyond its weights (a vocabulary). Data with nothing of the kind: nothing."""

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from helpers import small_variant
 
 from attnlab.decoding import (
     DecodeConfig,
+    Sampler,
     beam_search,
+    block_repeats,
+    generate,
     greedy,
     length_penalty,
     max_target_lengths,
-    translate,
+    sampling_filter,
 )
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.transformer import EncoderDecoder
@@ -103,11 +108,64 @@ def test_hypotheses_respect_the_length_limit_and_a_length_bound_pe():
     src, padding = batch()
     config = DecodeConfig(max_len_a=3.0, max_len_b=50)
     bounded = model("learned")  # small_variant caps learned positions at 16
-    for beam in (1, 3):
-        for hypothesis in translate(bounded, src, padding, BOS, EOS, config, beam):
-            assert len(hypothesis) <= 15  # BOS and 15 tokens fill positions 0..15
+    runs = [
+        ("greedy", 1, None),
+        ("beam", 3, None),
+        ("nucleus", 1, torch.Generator().manual_seed(0)),
+    ]
+    for strategy, beam, generator in runs:
+        hypotheses = generate(bounded, src, padding, BOS, EOS, config, strategy, beam, generator)
+        assert all(len(h) <= 15 for h in hypotheses)  # BOS and 15 tokens fill positions 0..15
     net = model()
     limits = max_target_lengths(net, padding, 0.5, 1, 256)
     assert limits.tolist() == [5, 5, 4, 5, 2]  # ⌊0.5·|source| + 1⌋
     for row, hypothesis in enumerate(greedy(net, src, padding, BOS, EOS, limits)):
         assert len(hypothesis) <= limits[row]
+
+
+def test_no_repeat_ngram_bans_exactly_the_tokens_that_would_repeat_an_ngram():
+    tokens = torch.tensor([[BOS, 5, 6, 7, 5, 6], [BOS, 5, 6, 7, 8, 9]])
+    blocked = block_repeats(torch.zeros(2, 12), tokens, 3)
+    assert blocked[0].isinf().nonzero().flatten().tolist() == [7], "5 6 7 would come again"
+    assert not blocked[1].isinf().any()
+    assert block_repeats(torch.zeros(2, 12), tokens, 0).eq(0).all()
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "top_k", "nucleus"])
+def test_no_strategy_repeats_an_ngram_when_told_not_to(strategy):
+    net, (src, padding) = model(), batch()
+    config = DecodeConfig(max_len_a=0.0, max_len_b=40, no_repeat_ngram=2, top_k=3)
+    generator = torch.Generator().manual_seed(0)
+    for hypothesis in generate(net, src, padding, BOS, EOS, config, strategy, 2, generator):
+        pairs = list(itertools.pairwise(hypothesis))
+        assert len(pairs) == len(set(pairs))
+
+
+def test_top_k_keeps_the_k_likeliest_and_top_p_the_fewest_holding_p():
+    log_probs = torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]]).log()
+    kept = sampling_filter(log_probs, 2, None).isfinite()[0].tolist()
+    assert kept == [True, True, False, False, False]
+    # 0.5 < 0.8; 0.5 + 0.2 = 0.7 < 0.8; + 0.15 = 0.85 >= 0.8: three tokens hold p = 0.8
+    kept = sampling_filter(log_probs, None, 0.8).isfinite()[0].tolist()
+    assert kept == [True, True, True, False, False]
+    assert sampling_filter(log_probs, None, 0.3).isfinite()[0].tolist() == [True] + [False] * 4
+
+
+def test_top_k_never_samples_outside_the_k_likeliest():
+    log_probs = torch.randn(200, 30).log_softmax(-1)
+    sampler = Sampler(torch.Generator().manual_seed(1), temperature=1.5, top_k=4)
+    drawn = sampler(log_probs)
+    allowed = log_probs.topk(4, -1).indices
+    assert (allowed == drawn[:, None]).any(-1).all()
+
+
+def test_sampling_is_reproducible_with_its_seed():
+    net, (src, padding) = model(), batch()
+    config = DecodeConfig(max_len_a=0.0, max_len_b=12, top_p=0.95, temperature=2.0)
+
+    def sample(seed: int) -> list[list[int]]:
+        generator = torch.Generator().manual_seed(seed)
+        return generate(net, src, padding, BOS, EOS, config, "nucleus", 1, generator)
+
+    assert sample(3) == sample(3)
+    assert sample(3) != sample(4), "another seed draws other tokens"

@@ -1,5 +1,9 @@
 """Greedy and beam search for an encoder-decoder, batched, over the key/value cache.
 
+Strategies (`decode.strategy`): greedy, beam, top_k and nucleus sampling (with
+`temperature`; seeded by `decode.seed`, so a run samples the same responses again). With
+`no_repeat_ngram` = n > 0, no strategy may produce an n-gram a hypothesis already holds.
+
 Hypothesis length is capped per sentence at max_len_a·|source| + max_len_b tokens (fairseq's
 rule) and at max_len tokens whatever the source, after which EOS is forced. Beam search keeps `beam` live hypotheses per sentence,
 finalizes those that end in EOS among the top `beam` candidates (as fairseq does), stops a
@@ -18,13 +22,21 @@ from torch import Tensor
 from attnlab.config import ConfigError, is_number, require_counts
 from attnlab.model.transformer import EncoderDecoder
 
+STRATEGIES = ("greedy", "beam", "top_k", "nucleus")
+
 
 @dataclass(frozen=True)
 class DecodeConfig:
     """The top-level `decode` config node (conf/train.yaml)."""
 
-    beam: int = 4  # beam size at test time; 1 = greedy
-    val_beam: int = 1  # beam size for the BLEU computed at each validation
+    strategy: str = "beam"  # at test time: greedy | beam | top_k | nucleus
+    beam: int = 4  # beam size of strategy=beam; 1 = greedy
+    val_beam: int = 1  # beam size for the scores computed at each validation
+    top_k: int = 50  # strategy=top_k samples among the k likeliest tokens
+    top_p: float = 0.9  # strategy=nucleus samples among the likeliest tokens holding p
+    temperature: float = 1.0  # sampling: divides the logits
+    no_repeat_ngram: int = 0  # n > 0: never repeat an n-gram within a hypothesis
+    seed: int = 0  # sampling
     length_penalty: float = 0.6  # GNMT α
     max_len_a: float = 1.2
     max_len_b: int = 10
@@ -32,8 +44,18 @@ class DecodeConfig:
     cache: bool = True  # reuse keys and values of earlier steps (False: recompute, for tests)
 
     def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(
+                f"decode.strategy={self.strategy!r} is not one of: {', '.join(STRATEGIES)}"
+            )
         require_counts("decode", beam=self.beam, val_beam=self.val_beam, max_len=self.max_len)
+        require_counts("decode", top_k=self.top_k)
         require_counts("decode", least=0, max_len_b=self.max_len_b)
+        require_counts("decode", least=0, no_repeat_ngram=self.no_repeat_ngram, seed=self.seed)
+        if not (is_number(self.top_p) and 0 < self.top_p <= 1):
+            raise ConfigError(f"decode.top_p={self.top_p!r} must be a probability in (0, 1]")
+        if not (is_number(self.temperature) and self.temperature > 0):
+            raise ConfigError(f"decode.temperature={self.temperature!r} must be a positive number")
         for name in ("length_penalty", "max_len_a"):
             value = getattr(self, name)
             if not (is_number(value) and value >= 0):
@@ -84,6 +106,29 @@ def force_eos(log_probs: Tensor, at_limit: Tensor, eos: int) -> Tensor:
     return torch.where(at_limit[:, None], forced, log_probs)
 
 
+def block_repeats(log_probs: Tensor, tokens: Tensor, n: int) -> Tensor:
+    """-inf for every token that would end an n-gram its row already holds (n = 0: none)."""
+    if n == 0 or tokens.shape[1] < n:
+        return log_probs
+    grams = tokens.unfold(1, n, 1)  # [N, t - n + 1, n]
+    seen = (grams[..., :-1] == tokens[:, None, tokens.shape[1] - n + 1 :]).all(-1)
+    rows, starts = seen.nonzero(as_tuple=True)
+    return log_probs.index_put((rows, grams[rows, starts, -1]), log_probs.new_tensor(float("-inf")))
+
+
+def sampling_filter(log_probs: Tensor, top_k: int | None, top_p: float | None) -> Tensor:
+    """log_probs with -inf outside the k likeliest tokens, or outside the fewest likeliest
+    whose probabilities add up to p (the likeliest always stays)."""
+    if top_k is not None:
+        kth = log_probs.topk(min(top_k, log_probs.shape[-1]), -1).values[:, -1:]
+        return log_probs.masked_fill(log_probs < kth, float("-inf"))
+    assert top_p is not None
+    ordered, order = log_probs.sort(-1, descending=True)
+    before = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1)  # mass of the likelier ones
+    drop = (before >= top_p).scatter(-1, order, before >= top_p)
+    return log_probs.masked_fill(drop, float("-inf"))
+
+
 @torch.no_grad()
 def greedy(
     model: EncoderDecoder,
@@ -93,18 +138,36 @@ def greedy(
     eos: int,
     limits: Tensor,
     cache: bool = True,
+    no_repeat_ngram: int = 0,
+    sampler: Sampler | None = None,
 ) -> list[list[int]]:
+    """The likeliest token at each step, or with `sampler` a token drawn by it."""
     decoder = Decoder(model, src, src_padding, 1, cache)
     tokens = src.new_full((src.shape[0], 1), bos)
     finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
     for step in range(int(limits.max()) + 1):
-        log_probs = force_eos(decoder.log_probs(tokens), (step >= limits) | finished, eos)
-        next_tokens = log_probs.argmax(-1)
+        log_probs = block_repeats(decoder.log_probs(tokens), tokens, no_repeat_ngram)
+        log_probs = force_eos(log_probs, (step >= limits) | finished, eos)
+        next_tokens = log_probs.argmax(-1) if sampler is None else sampler(log_probs)
         tokens = torch.cat((tokens, next_tokens[:, None]), 1)
         finished |= next_tokens == eos
         if finished.all():
             break
     return [until_eos(row, eos) for row in tokens[:, 1:].tolist()]
+
+
+@dataclass
+class Sampler:
+    """Draws the next tokens from filtered, tempered distributions, with its own generator."""
+
+    generator: torch.Generator
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __call__(self, log_probs: Tensor) -> Tensor:
+        logits = sampling_filter(log_probs / self.temperature, self.top_k, self.top_p)
+        return torch.multinomial(logits.softmax(-1), 1, generator=self.generator)[:, 0]
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -122,6 +185,7 @@ def beam_search(
     beam: int,
     alpha: float,
     cache: bool = True,
+    no_repeat_ngram: int = 0,
 ) -> list[list[int]]:
     batch, k = src.shape[0], beam
     decoder = Decoder(model, src, src_padding, k, cache)
@@ -132,7 +196,8 @@ def beam_search(
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
     base = torch.arange(batch, device=src.device)[:, None] * k
     for step in range(int(limits.max()) + 1):
-        log_probs = force_eos(decoder.log_probs(tokens), step >= row_limits, eos)
+        log_probs = block_repeats(decoder.log_probs(tokens), tokens, no_repeat_ngram)
+        log_probs = force_eos(log_probs, step >= row_limits, eos)
         vocab = log_probs.shape[-1]
         candidates = (scores.reshape(-1, 1) + log_probs).view(batch, k * vocab)
         top_scores, top_index = candidates.topk(2 * k, dim=1)
@@ -156,21 +221,30 @@ def beam_search(
     return [max(f)[1] for f in finished]
 
 
-def translate(
+def generate(
     model: EncoderDecoder,
     src: Tensor,
     src_padding: Tensor,
     bos: int,
     eos: int,
     config: DecodeConfig,
+    strategy: str,
     beam: int,
+    generator: torch.Generator | None = None,
 ) -> list[list[int]]:
-    """Hypotheses (token ids without BOS/EOS) for a batch of sources."""
+    """Hypotheses (token ids without BOS/EOS) for a batch of sources, by `strategy` (with
+    `beam` for beam search; `generator` for sampling)."""
     limits = max_target_lengths(
         model, src_padding, config.max_len_a, config.max_len_b, config.max_len
     )
-    if beam == 1:
-        return greedy(model, src, src_padding, bos, eos, limits, config.cache)
+    n, cache = config.no_repeat_ngram, config.cache
+    if strategy in ("top_k", "nucleus"):
+        assert generator is not None, "sampling needs a generator"
+        top_k, top_p = (config.top_k, None) if strategy == "top_k" else (None, config.top_p)
+        sampler = Sampler(generator, config.temperature, top_k, top_p)
+        return greedy(model, src, src_padding, bos, eos, limits, cache, n, sampler)
+    if strategy == "greedy" or beam == 1:
+        return greedy(model, src, src_padding, bos, eos, limits, cache, n)
     return beam_search(
-        model, src, src_padding, bos, eos, limits, beam, config.length_penalty, config.cache
+        model, src, src_padding, bos, eos, limits, beam, config.length_penalty, cache, n
     )

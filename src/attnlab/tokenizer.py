@@ -83,6 +83,17 @@ class TokenizerSettings:
     vocab_size: int = 8000
     model_type: str = "unigram"
     character_coverage: float = 1.0  # 1.0 suits alphabetic languages; ~0.9995 for CJK
+    user_symbols: tuple[str, ...] = ()  # pieces kept whole, e.g. a dialogue's speaker markers
+
+    def identity(self) -> dict[str, Any]:
+        """What the cache key is made of (without user symbols when there are none, so that
+        the keys of vocabularies without them stay what they were)."""
+        settings = asdict(self)
+        if not self.user_symbols:
+            del settings["user_symbols"]
+        else:
+            settings["user_symbols"] = list(self.user_symbols)
+        return settings
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -186,6 +197,7 @@ def train_sentencepiece(
             bos_id=BOS_ID,
             eos_id=EOS_ID,
             input_sentence_size=0,  # the caller samples; 0 keeps every sentence given
+            user_defined_symbols=list(settings.user_symbols),
             num_threads=num_threads,
             minloglevel=2,  # SentencePiece logs every EM step otherwise
         )
@@ -207,7 +219,7 @@ def load_or_train(
 ) -> Tokenizer:
     """The cached model for `identity` (the corpus and languages) and `settings`, training it
     on `sentences()` first if there is none; `sentences` is only called to train."""
-    full_identity = {**identity, "settings": asdict(settings)}
+    full_identity = {**identity, "settings": settings.identity()}
     entry = directory / cache_key(full_identity)
 
     def train(partial: Path) -> None:

@@ -40,11 +40,20 @@ class Example(NamedTuple):
 
 
 def length_filter(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_len: int, max_ratio: float
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    max_len: int,
+    max_ratio: float | None,
+    cut_sources: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Masks of pairs with a sequence over max_len, and of the others whose token counts (without
-    specials) differ by more than a factor max_ratio."""
-    too_long = (src_lengths > max_len) | (tgt_lengths > max_len)
+    """Masks of pairs with a sequence over max_len (only targets count when long sources are
+    cut instead), and of the others whose token counts (without specials) differ by more
+    than a factor max_ratio (None: no such filter)."""
+    too_long = tgt_lengths > max_len
+    if not cut_sources:
+        too_long |= src_lengths > max_len
+    if max_ratio is None:
+        return too_long, np.zeros_like(too_long)
     src_ids, tgt_ids = src_lengths - 1, tgt_lengths - 2
     ratio = np.maximum(src_ids, tgt_ids) / np.maximum(np.minimum(src_ids, tgt_ids), 1)
     return too_long, ~too_long & (ratio > max_ratio)
@@ -146,10 +155,13 @@ class TokenBatchSampler(ResumableSampler):
 class PairDataset(Dataset):
     """The pairs at `rows` of a split. An item is a whole batch: a list of positions (what
     TokenBatchSampler yields) -> their examples, so DataLoader runs with batch_size=None.
-    With `cut`, sequences longer than `cut` tokens (specials included) are cut to it."""
+    With `cut`, sequences longer than `cut` tokens (specials included) are cut to it: their
+    start kept, or for sources with `keep_end`, their end (a dialogue's latest turns)."""
 
-    def __init__(self, data: SplitData, rows: np.ndarray, cut: int | None = None) -> None:
-        self.data, self.rows, self.cut = data, rows, cut
+    def __init__(
+        self, data: SplitData, rows: np.ndarray, cut: int | None = None, keep_end: bool = False
+    ) -> None:
+        self.data, self.rows, self.cut, self.keep_end = data, rows, cut, keep_end
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -158,7 +170,13 @@ class PairDataset(Dataset):
         examples = [self.data.example(int(self.rows[p])) for p in positions]
         if self.cut is None:
             return examples
-        return [e._replace(src=e.src[: self.cut - 1], tgt=e.tgt[: self.cut - 2]) for e in examples]
+        src_ids, tgt_ids = self.cut - 1, self.cut - 2  # room for EOS; for BOS and EOS
+        return [
+            e._replace(
+                src=e.src[-src_ids:] if self.keep_end else e.src[:src_ids], tgt=e.tgt[:tgt_ids]
+            )
+            for e in examples
+        ]
 
     def src_lengths(self) -> np.ndarray:
         return np.minimum(self.data.src_lengths()[self.rows], self.cut or np.iinfo(np.int64).max)

@@ -79,10 +79,11 @@ class Batching:
 
     max_tokens: int = 4096
     max_len: int = 256
-    max_len_ratio: float = 3.0
+    max_len_ratio: float | None = 3.0  # None: no ratio filter
     max_eval_len: int = 1024
     train_size: int | None = None
     sort_chunk: int = 100_000
+    cut_sources: bool = False  # cut long sources to their end instead of dropping the pair
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_len, int) and self.max_len >= 3):
@@ -97,8 +98,10 @@ class Batching:
         require_counts("task.data", sort_chunk=self.sort_chunk)
         if self.train_size is not None:
             require_counts("task.data", train_size=self.train_size)
-        if self.max_len_ratio < 1:
-            raise ConfigError(f"task.data.max_len_ratio={self.max_len_ratio} must be at least 1")
+        if self.max_len_ratio is not None and self.max_len_ratio < 1:
+            raise ConfigError(
+                f"task.data.max_len_ratio={self.max_len_ratio} must be at least 1, or null"
+            )
 
 
 class Seq2SeqDataModule(TaskData):
@@ -284,12 +287,15 @@ class Seq2SeqDataModule(TaskData):
     def _training(self, data: SplitData) -> tuple[PairDataset, list[np.ndarray]]:
         b = self.batching
         too_long, skewed = length_filter(
-            data.src_lengths(), data.tgt_lengths(), b.max_len, b.max_len_ratio
+            data.src_lengths(), data.tgt_lengths(), b.max_len, b.max_len_ratio, b.cut_sources
         )
         rows = np.flatnonzero(~(too_long | skewed))
+        ratio = f" and {skewed.sum()} with a length ratio over {b.max_len_ratio}"
+        cut = f"; {(data.src_lengths()[rows] > b.max_len).sum()} sources cut to their last "
+        cut += f"{b.max_len} tokens"
         log.info(
-            "train: dropped %d pairs longer than max_len=%d and %d with a length ratio over %g",
-            too_long.sum(), b.max_len, skewed.sum(), b.max_len_ratio,
+            "train: dropped %d pairs longer than max_len=%d%s%s", too_long.sum(), b.max_len,
+            "" if b.max_len_ratio is None else ratio, cut if b.cut_sources else "",
         )  # fmt: skip
         if b.train_size is not None:
             if b.train_size > len(rows):
@@ -299,7 +305,8 @@ class Seq2SeqDataModule(TaskData):
                 )
             rng = np.random.default_rng(self.seed)
             rows = np.sort(rng.choice(rows, b.train_size, replace=False))
-        dataset = PairDataset(data, rows)
+        cut = b.max_len if b.cut_sources else None
+        dataset = PairDataset(data, rows, cut=cut, keep_end=b.cut_sources)
         src, tgt = dataset.src_lengths(), dataset.tgt_lengths()
         order = bucketed_order(src, tgt, b.sort_chunk, np.random.default_rng(self.seed))
         return dataset, self._log_batches(
@@ -317,7 +324,7 @@ class Seq2SeqDataModule(TaskData):
                 "it (lines %s); their references are scored whole",
                 split, len(lines), cut, shown,
             )  # fmt: skip
-        dataset = PairDataset(data, np.arange(len(data)), cut=cut)
+        dataset = PairDataset(data, np.arange(len(data)), cut, self.batching.cut_sources)
         src, tgt = dataset.src_lengths(), dataset.tgt_lengths()
         batches = token_batches(length_order(src, tgt), src, tgt, self.batching.max_tokens)
         return dataset, self._log_batches(split, batches, dataset)

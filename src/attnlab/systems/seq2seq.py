@@ -1,12 +1,15 @@
-"""Sequence to sequence with an encoder-decoder: translation's system.
+"""Sequence to sequence with an encoder-decoder: the system of translation and dialogue.
 
-Trains with label-smoothed cross-entropy on teacher-forced targets. Each validation logs
-val/loss and the corpus BLEU and chrF of greedy (decode.val_beam) hypotheses; testing uses
-beam search (decode.beam). BLEU and chrF are sacreBLEU's own (its defaults: 13a
-tokenization, exp smoothing; 0-100), on detokenized hypotheses against the raw references,
-computed once every rank has every hypothesis, so each rank logs the same value.
-Hypotheses are written in corpus order to <run dir>/hypotheses/; a few sample translations
-go to the log at each validation, and to W&B as a table.
+Trains with label-smoothed cross-entropy on teacher-forced targets. Each evaluation logs
+`<stage>/loss` and `<stage>/ppl` (the perplexity of the targets, without smoothing, over
+every target token), then the scores of the task (`scores`, attnlab.scores: BLEU and chrF for
+translation; BLEU-1/4, ROUGE-L, distinct-1/2 and the length ratio for dialogue) of generated
+hypotheses against the references. Validation generates with beam search of decode.val_beam
+(1: greedy), for the first `val_generate` pairs of the split (null: all); testing generates
+for every pair with decode.strategy (attnlab.decoding). Scores are computed once every rank
+has every hypothesis, so each rank logs the same value. Hypotheses are written in corpus
+order to <run dir>/hypotheses/; a few (source, reference, hypothesis) triples go to the log
+at each validation, and to W&B as a table.
 """
 
 from __future__ import annotations
@@ -15,32 +18,25 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
-from sacrebleu.metrics import BLEU, CHRF
 from torch import Tensor
+from torchmetrics import MeanMetric
 
+from attnlab.config import ConfigError, require_counts
 from attnlab.data.task import TaskData
-from attnlab.decoding import DecodeConfig, translate
+from attnlab.decoding import DecodeConfig, generate
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import EncoderDecoder
+from attnlab.scores import SCORERS, signatures
 from attnlab.systems.base import System
 from attnlab.tokenizer import VOCABULARY_KEY, Tokenizers
 
 log = logging.getLogger(__name__)
-SAMPLES = 3  # sample translations logged per validation
-
-
-def metric_signatures() -> dict[str, str]:
-    """sacreBLEU's signatures of the BLEU and chrF computed here (one reference per sentence;
-    sacreBLEU states a signature only once it has scored something)."""
-    signatures = {}
-    for name, metric in (("bleu", BLEU()), ("chrf", CHRF())):
-        metric.corpus_score(["a"], [["a"]])
-        signatures[name] = str(metric.get_signature())
-    return signatures
+SAMPLES = 3  # (source, reference, hypothesis) triples logged per validation
 
 
 def gather_objects(items: list) -> list:
@@ -68,6 +64,8 @@ class Seq2SeqSystem(System):
         joint_vocab: bool = True,
         label_smoothing: float = 0.1,
         decode: dict | None = None,
+        scores: str = "translation",
+        val_generate: int | None = None,
         tokenizers: Tokenizers | None = None,
     ) -> None:
         super().__init__(optim)
@@ -82,14 +80,19 @@ class Seq2SeqSystem(System):
             joint_vocab,
         )
         self.decode_config = DecodeConfig(**(decode or {}))
+        if scores not in SCORERS:
+            raise ConfigError(f"task.system.scores={scores!r} is not one of: {', '.join(SCORERS)}")
+        if val_generate is not None:
+            require_counts("task.system", val_generate=val_generate)
+        self.scores, self.val_generate = scores, val_generate
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.label_smoothing = label_smoothing
-        self.hypotheses: list[
-            tuple[int, str, str, str]
-        ] = []  # index, source, reference, hypothesis
+        self.nll = MeanMetric()  # per target token, for the perplexity
+        self.generator: torch.Generator | None = None  # sampling strategies, at test time
+        self.hypotheses: list[tuple[int, str, str, str]] = []  # index, source, ref, hypothesis
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "sacrebleu": metric_signatures()}
+        return {**super().describe(), "sacrebleu": signatures(self.scores)}
 
     def attention_maps(self, batch: dict) -> dict[str, Tensor]:
         src_length = (batch["src"] != self.pad_id).sum(-1)
@@ -104,52 +107,68 @@ class Seq2SeqSystem(System):
         self.net.encoder.check_length(data.max_seq_len)
         self.net.decoder.check_length(data.max_seq_len, data.max_seq_len)
 
-    def loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, int]:
+    def logits(self, batch: dict[str, Tensor]) -> Tensor:
         src, tgt = batch["src"], batch["tgt"]
-        logits = self.net(src, src == self.pad_id, tgt[:, :-1])
-        loss = F.cross_entropy(
-            logits.flatten(0, 1),
-            tgt[:, 1:].flatten(),
-            ignore_index=self.pad_id,
-            label_smoothing=self.label_smoothing,
+        return self.net(src, src == self.pad_id, tgt[:, :-1])
+
+    def loss(self, logits: Tensor, tgt: Tensor, smoothing: float) -> Tensor:
+        flat = logits.flatten(0, 1)
+        return F.cross_entropy(
+            flat, tgt[:, 1:].flatten(), ignore_index=self.pad_id, label_smoothing=smoothing
         )
-        return loss, int((tgt[:, 1:] != self.pad_id).sum())
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss, tokens = self.loss(batch)
+        loss = self.loss(self.logits(batch), batch["tgt"], self.label_smoothing)
+        tokens = int((batch["tgt"][:, 1:] != self.pad_id).sum())
         self.log("train/loss", loss, prog_bar=True, batch_size=tokens)
         return loss
 
-    def _evaluate(self, batch: dict, stage: str, beam: int) -> None:
-        loss, tokens = self.loss(batch)
+    def _evaluate(self, batch: dict, stage: str) -> None:
+        logits, tgt = self.logits(batch), batch["tgt"]
+        tokens = int((tgt[:, 1:] != self.pad_id).sum())
+        loss = self.loss(logits, tgt, self.label_smoothing)
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", batch_size=tokens, sync_dist=True)
-        src = batch["src"]
-        ids = translate(
-            self.net, src, src == self.pad_id, self.bos_id, self.eos_id, self.decode_config, beam
-        )
+        self.nll.update(self.loss(logits, tgt, 0.0), weight=tokens)
+        rows = torch.arange(len(tgt), device=tgt.device)
+        if stage == "val" and self.val_generate is not None:
+            rows = rows[batch["index"] < self.val_generate]
+        if len(rows) == 0:
+            return
+        src = batch["src"][rows]
+        strategy, beam = ("beam", self.decode_config.val_beam) if stage == "val" else (
+            self.decode_config.strategy, self.decode_config.beam
+        )  # fmt: skip
+        ids = generate(
+            self.net, src, src == self.pad_id, self.bos_id, self.eos_id, self.decode_config,
+            strategy, beam, self.generator,
+        )  # fmt: skip
         hypotheses = [self.tokenizers.tgt.decode(h) for h in ids]
         sources = [self.tokenizers.src.decode(s) for s in src]
-        self.hypotheses += zip(
-            batch["index"].tolist(), sources, batch["ref"], hypotheses, strict=True
-        )
+        references = [batch["ref"][i] for i in rows.tolist()]
+        indices = batch["index"][rows].tolist()
+        self.hypotheses += zip(indices, sources, references, hypotheses, strict=True)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._evaluate(batch, "val", self.decode_config.val_beam)
+        self._evaluate(batch, "val")
+
+    def on_test_epoch_start(self) -> None:
+        seed = self.decode_config.seed + self.global_rank  # each rank samples its own pairs
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def test_step(self, batch: dict, batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.decode_config.beam)
+        self._evaluate(batch, "test")
 
     def _finish(self, stage: str) -> None:
+        self.log(f"{stage}/ppl", torch.exp(self.nll.compute()), prog_bar=stage == "val")
+        self.nll.reset()
         rows = sorted(gather_objects(self.hypotheses))
         self.hypotheses = []
-        hypotheses, references = [row[3] for row in rows], [[row[2] for row in rows]]
-        bleu, chrf = BLEU(), CHRF()
-        bleu_score = bleu.corpus_score(hypotheses, references)
+        if not rows:  # a sanity check's batches may hold none of the first val_generate pairs
+            return
+        hypotheses, references = [row[3] for row in rows], [row[2] for row in rows]
         # every rank scored every hypothesis: the values agree, sync_dist only confirms it
-        self.log(f"{stage}/bleu", bleu_score.score, prog_bar=True, sync_dist=True)
-        self.log(f"{stage}/chrf", chrf.corpus_score(hypotheses, references).score, sync_dist=True)
-        if stage == "test":
-            log.info("%s (%s)", bleu_score, bleu.get_signature())
+        for name, value in SCORERS[self.scores](hypotheses, references).items():
+            self.log(f"{stage}/{name}", value, sync_dist=True)
         if self.trainer.sanity_checking or not self.trainer.is_global_zero:
             return
         name = f"{stage}_epoch{self.current_epoch:03d}.txt" if stage == "val" else "test.txt"

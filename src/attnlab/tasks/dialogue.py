@@ -1,0 +1,288 @@
+"""Dialogue data: conversations -> (context, response) pairs for an encoder-decoder.
+
+Sources (`source`):
+  chitchat  the BYU Chit-Chat corpus shipped by the PyPI package chitchat-dataset (offline):
+            each conversation is a list of turns, a turn the utterances of one sender, which
+            are joined into one text; conversations with other than two speakers are dropped.
+  local     DailyDialog files `{dir}/dialogues.{split}.txt` (whichever of train, validation,
+            test exist): one dialogue a line, each turn ended by `__eou__`.
+  hub       a Hugging Face dataset (`dataset`, `revision`) with DailyDialog's `dialog` column
+            (attnlab.data.hub: an unreachable hub stops at once, naming the local source).
+
+Normalization, the same for contexts, references and generated responses: whitespace
+collapsed, and the space DailyDialog puts before punctuation removed ("day , right ?" ->
+"day, right?").
+
+Conversations: empty turns are dropped; conversations with fewer than `min_turns` turns, and
+exact duplicates of an earlier conversation, are dropped (every count logged). The rest are
+shuffled with `seed` and split by conversation (`valid_share`, `test_share` of them), so no
+conversation is in two splits, whatever splits the source came in.
+
+Examples: every turn after the first is a response; its context is the `context_turns` turns
+before it, each after its speaker's marker (<a> for the conversation's first speaker, <b>
+for the other; SentencePiece keeps them whole). Contexts longer than `max_len` tokens are cut
+from the left (their latest turns kept), not dropped. Tokenizers, token caches and batching
+are the sequence-to-sequence data layer's (attnlab.data.seq2seq).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnlab.config import ConfigError, require_counts
+from attnlab.data.corpus import SPLITS, Pair
+from attnlab.data.digest import file_digest
+from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub
+from attnlab.data.seq2seq import Batching, Seq2SeqDataModule
+from attnlab.data.text import read_lines
+from attnlab.tokenizer import TokenizerSettings
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("chitchat", "local", "hub")
+SPEAKERS = ("<a>", "<b>")  # the markers of the first and the second speaker
+END_OF_TURN = "__eou__"
+Conversation = tuple[str, ...]
+BEFORE_PUNCTUATION = re.compile(r" (?=[,.!?;:%)])")
+
+
+def normalize(text: str) -> str:
+    """Whitespace collapsed, no space before punctuation (see the module docstring)."""
+    return BEFORE_PUNCTUATION.sub("", " ".join(text.split()))
+
+
+Read = tuple[list[Conversation], dict[str, Any], str]  # conversations, identity, description
+
+
+def chitchat_conversations(digests: Path) -> Read:
+    """The two-speaker conversations of chitchat-dataset, their identity and description."""
+    try:
+        import chitchat_dataset
+    except ImportError:
+        raise ConfigError(
+            "task.data.source=chitchat needs the chitchat-dataset package (pip install "
+            "chitchat-dataset==0.9.0)"
+        ) from None
+    data = chitchat_dataset.Dataset()
+    conversations = []
+    for record in data.values():
+        turns = record["messages"]
+        if len({utterance["sender"] for turn in turns for utterance in turn}) == 2:
+            conversations.append(tuple(" ".join(u["text"] for u in turn) for turn in turns))
+    dropped = len(data) - len(conversations)
+    log.info("chitchat: dropped %d conversations without exactly two speakers", dropped)
+    identity = {"source": "chitchat", "sha256": file_digest(Path(data.path), digests)}
+    return conversations, identity, f"chitchat-dataset {data.path}"
+
+
+def dailydialog_line(line: str, path: Path, number: int) -> Conversation:
+    """The turns of one DailyDialog line (each ended by __eou__)."""
+    if END_OF_TURN not in line:
+        raise ConfigError(
+            f"{path} line {number} has no {END_OF_TURN}: a DailyDialog line is one dialogue "
+            f"whose turns each end with {END_OF_TURN}; fix or remove the line"
+        )
+    return tuple(turn.strip() for turn in line.split(END_OF_TURN))
+
+
+def dailydialog_files(directory: str | None, digests: Path) -> Read:
+    """The dialogues of `{directory}/dialogues.{train,validation,test}.txt`, pooled."""
+    hint = "pass task.data.dir=<directory with dialogues.train.txt>"
+    if directory is None:
+        raise ConfigError(f"task.data.source=local needs a directory: {hint}")
+    root = Path(directory).expanduser().resolve()
+    files = [root / f"dialogues.{split}.txt" for split in ("train", "validation", "test")]
+    files = [path for path in files if path.is_file()]
+    if not root.is_dir() or root / "dialogues.train.txt" not in files:
+        raise ConfigError(f"task.data.dir={directory} has no dialogues.train.txt: {hint}")
+    conversations = [
+        dailydialog_line(line, path, number)
+        for path in files
+        for number, line in enumerate(read_lines(path), 1)
+        if line
+    ]
+    identity = {"source": "local", "sha256": [file_digest(path, digests) for path in files]}
+    names = ",".join(path.name.split(".")[1] for path in files)
+    return conversations, identity, f"{root}/dialogues.{{{names}}}.txt"
+
+
+def hub_conversations(dataset: str | None, revision: str | None, cache_dir: Path) -> Read:
+    """The `dialog` column of every split of a hub dataset, pooled."""
+    if not dataset:
+        raise ConfigError("task.data.source=hub needs task.data.dataset=<hub name>")
+    hint = (
+        "without network, pass task.data.source=local task.data.dir=<dir with dialogues.train.txt>"
+    )
+    data = load_hub(dataset, None, revision, cache_dir, hint)
+    names = [name for split in SPLITS for name in HUB_SPLIT_NAMES[split] if name in data]
+    if not names or "dialog" not in data[names[0]].column_names:
+        raise ConfigError(
+            f"{dataset!r} has no `dialog` column of turns in its splits ({list(data)}): "
+            "check task.data.dataset"
+        )
+    conversations = [tuple(turns) for name in names for turns in data[name]["dialog"]]
+    identity = {"source": "hub", "dataset": dataset, "revision": revision}
+    return conversations, identity, f"hub dataset {dataset}"
+
+
+def read_conversations(
+    source: str, directory: str | None, dataset: str | None, revision: str | None, cache: Path
+) -> Read:
+    if source not in SOURCES:
+        raise ConfigError(f"task.data.source={source!r} is not one of: {', '.join(SOURCES)}")
+    if source != "local" and directory is not None:
+        raise ConfigError(
+            f"task.data.dir={directory} is read only with task.data.source=local: add "
+            "task.data.source=local to use those files"
+        )
+    if source == "chitchat":
+        return chitchat_conversations(cache / "digests")
+    if source == "local":
+        return dailydialog_files(directory, cache / "digests")
+    return hub_conversations(dataset, revision, cache / "hf")
+
+
+def clean(conversations: list[Conversation], min_turns: int) -> list[Conversation]:
+    """Normalized turns, empty ones dropped; short and duplicate conversations dropped."""
+    kept, seen = [], set()
+    empty_turns = short = duplicates = 0
+    for conversation in conversations:
+        turns = tuple(normalize(turn) for turn in conversation)
+        empty_turns += sum(1 for turn in turns if not turn)
+        turns = tuple(turn for turn in turns if turn)
+        if len(turns) < min_turns:
+            short += 1
+        elif turns in seen:
+            duplicates += 1
+        else:
+            seen.add(turns)
+            kept.append(turns)
+    log.info(
+        "conversations: kept %d; dropped %d empty turns, %d conversations of fewer than %d "
+        "turns and %d duplicates", len(kept), empty_turns, short, min_turns, duplicates,
+    )  # fmt: skip
+    return kept
+
+
+def split_conversations(
+    conversations: list[Conversation], valid_share: float, test_share: float, seed: int
+) -> dict[str, list[Conversation]]:
+    """Conversations shuffled with `seed`, then cut into train, valid and test."""
+    order = np.random.default_rng(seed).permutation(len(conversations))
+    n_valid = round(valid_share * len(order))
+    n_test = round(test_share * len(order))
+    parts = {
+        "valid": order[:n_valid],
+        "test": order[n_valid : n_valid + n_test],
+        "train": order[n_valid + n_test :],
+    }
+    return {split: [conversations[i] for i in sorted(rows)] for split, rows in parts.items()}
+
+
+def examples(conversation: Conversation, context_turns: int) -> Iterator[tuple[str, str]]:
+    """(context, response) for every turn after the first (see the module docstring)."""
+    for t in range(1, len(conversation)):
+        start = max(0, t - context_turns)
+        context = " ".join(f"{SPEAKERS[j % 2]} {conversation[j]}" for j in range(start, t))
+        yield context, conversation[t]
+
+
+class DialogueCorpus:
+    """The Corpus (attnlab.data.corpus) of one source's conversations, cleaned and split."""
+
+    def __init__(
+        self, read: Read, min_turns: int, context_turns: int, shares: tuple[float, float], seed: int
+    ) -> None:
+        conversations, identity, self.source = read
+        self.settings = {
+            "conversations": identity, "min_turns": min_turns, "context_turns": context_turns,
+            "shares": list(shares), "seed": seed,
+        }  # fmt: skip
+        self.conversations = split_conversations(clean(conversations, min_turns), *shares, seed)
+        self.examples = {
+            split: [pair for c in convs for pair in examples(c, context_turns)]
+            for split, convs in self.conversations.items()
+        }
+        for split, convs in self.conversations.items():
+            log.info(
+                "%s: %d conversations, %d exchanges", split, len(convs), len(self.examples[split])
+            )
+
+    def identity(self, split: str) -> dict[str, Any]:
+        return {**self.settings, "split": split}
+
+    def describe(self, split: str) -> str:
+        return f"{self.source} ({split} share)"
+
+    def has(self, split: str) -> bool:
+        return True
+
+    def num_rows(self, split: str) -> int:
+        return len(self.examples[split])
+
+    def pairs(self, split: str, rows: np.ndarray | None = None) -> Iterator[Pair]:
+        chosen = range(self.num_rows(split)) if rows is None else rows.tolist()
+        for row in chosen:
+            context, response = self.examples[split][row]
+            yield row, context, response
+
+
+class DialogueDataModule(Seq2SeqDataModule):
+    """Conversations for an encoder-decoder; the options are task.data's (conf/task/*.yaml)."""
+
+    def __init__(
+        self,
+        source: str = "chitchat",
+        dir: str | None = None,
+        dataset: str | None = None,
+        revision: str | None = None,
+        min_turns: int = 3,
+        context_turns: int = 3,
+        valid_share: float = 0.05,
+        test_share: float = 0.05,
+        vocab_size: int = 8000,
+        model_type: str = "unigram",
+        tokenizer_pairs: int = 200_000,
+        max_tokens: int = 4096,
+        max_len: int = 128,
+        max_eval_len: int = 256,
+        train_size: int | None = None,
+        sort_chunk: int = 100_000,
+        seed: int = 0,
+        num_workers: int = 0,
+        num_threads: int | None = None,
+        cache_dir: str = "data",
+    ) -> None:
+        require_counts("task.data", min_turns=min_turns, context_turns=context_turns)
+        if min_turns < 2:
+            raise ConfigError(
+                f"task.data.min_turns={min_turns} must be at least 2: a response needs a turn before it"
+            )
+        for name, share in (("valid_share", valid_share), ("test_share", test_share)):
+            if not 0 < share < 0.5:
+                raise ConfigError(
+                    f"task.data.{name}={share} must be a share of the conversations in (0, 0.5)"
+                )
+        cache = Path(cache_dir).expanduser().resolve()
+        read = read_conversations(source, dir, dataset, revision, cache)
+        corpus = DialogueCorpus(read, min_turns, context_turns, (valid_share, test_share), seed)
+        super().__init__(
+            corpus,
+            ("context", "response"),
+            TokenizerSettings(vocab_size, model_type, 1.0, SPEAKERS),
+            True,
+            tokenizer_pairs,
+            Batching(
+                max_tokens, max_len, None, max_eval_len, train_size, sort_chunk, cut_sources=True
+            ),
+            cache,
+            seed,
+            num_workers,
+            num_threads,
+        )

@@ -23,13 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests"), str(Path(__file__).parent)]
+sys.path.insert(0, str(Path(__file__).parent))
 
-from benchmarks_common import machine, write_section  # noqa: E402
-from helpers import options, shrink, variant  # noqa: E402
+from benchmarks_common import machine, write_section
 
-from attnlab.model.config import AttentionConfig, ModelConfig  # noqa: E402
-from attnlab.model.transformer import Tagger  # noqa: E402
+from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.standard import Standard
+from attnlab.model.transformer import Tagger
+from attnlab.options import options, shrink, variant
 
 BASELINE = {"pe": "none", "norm": "softmax", "synthesizer": "dot"}
 BATCH, VOCAB = 4, 1000
@@ -55,7 +56,7 @@ def measure(choice: dict[str, str], length: int, repeats: int) -> tuple[float, f
     """(seconds per forward+backward, peak memory in MiB) of one configuration."""
     torch.manual_seed(0)
     nodes = {g: shrink(variant(g, o), max_len=length) for g, o in choice.items()}
-    cfg = ModelConfig(d_model=256, n_heads=4, n_layers=2, d_ff=1024, dropout=0.0)
+    cfg = ModelConfig(Standard(), d_model=256, n_heads=4, n_layers=2, d_ff=1024, dropout=0.0)
     attention = AttentionConfig(nodes["pe"], nodes["norm"], nodes["synthesizer"])
     model = Tagger(cfg, attention, VOCAB, VOCAB, causal=False)
     tokens = torch.randint(1, VOCAB, (BATCH, length))

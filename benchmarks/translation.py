@@ -34,13 +34,14 @@ from benchmarks_common import BENCHMARKS, ROOT, machine, write_section
 from attnlab.data.batching import collate
 from attnlab.decoding import greedy
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, TokenEmbedding
 from attnlab.pe.sinusoidal import sinusoids
 from attnlab.tasks.translation import TranslationDataModule
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 # model=small's dimensions; attention dropout as nn.Transformer, which drops attention weights
-SMALL = ModelConfig(attn_dropout=0.1)
+SMALL = ModelConfig(Standard(), attn_dropout=0.1)
 BASELINE = AttentionConfig(
     {"_target_": "attnlab.pe.sinusoidal.SinusoidalPE"},
     {"_target_": "attnlab.norm.softmax.Softmax"},

@@ -10,6 +10,9 @@ from helpers import compose_config
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
+from attnlab.config import register_resolvers
+
+register_resolvers()  # what train.py and eval.py do before Hydra composes
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 

@@ -6,10 +6,11 @@ import itertools
 
 import pytest
 import torch
-from helpers import SHAPE, make_parts, options, small_variant, variant
+from helpers import SHAPE, make_parts, small_variant
 
 from attnlab.attention.core import Compute, attend
 from attnlab.model.transformer import attention_mask
+from attnlab.options import options, variant
 
 
 def inputs(shape=SHAPE, batch=3, length=7, seed=0):

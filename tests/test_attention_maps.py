@@ -7,12 +7,15 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import SHAPE, make_parts, options, small_variant
+from helpers import SHAPE, make_parts, small_variant
 
 from attnlab.attention.core import Compute, attend, attention_weights
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.gau import GAU
 from attnlab.model.maps import attention_maps
+from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger
+from attnlab.options import options
 
 COMBINATIONS = list(itertools.product(options("pe"), options("norm"), options("synthesizer")))
 
@@ -46,7 +49,7 @@ def test_the_weights_times_v_are_the_attention_output(pe, norm, synthesizer, cau
 
 
 def model_config(**changes) -> ModelConfig:
-    sizes = {"d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "gau_qk_dim": 8}
+    sizes = {"block": Standard(), "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32}
     return ModelConfig(**{**sizes, "dropout": 0.0, **changes})
 
 
@@ -56,7 +59,9 @@ def spec(pe: str = "rope", norm: str = "softmax") -> AttentionConfig:
     )
 
 
-@pytest.mark.parametrize("block,heads", [("standard", 2), ("gau", 1)])
+@pytest.mark.parametrize(
+    "block,heads", [(Standard(), 2), (GAU(qk_dim=8), 1)], ids=["standard", "gau"]
+)
 def test_a_causal_stack_has_one_map_per_layer_with_nothing_above_the_diagonal(block, heads):
     model = Tagger(model_config(block=block, n_heads=heads), spec(), 5, 4, causal=True).eval()
     tokens = torch.randint(0, 5, (1, 6))

@@ -12,15 +12,20 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import options, small_variant
+from helpers import small_variant
 
 from attnlab.config import ConfigError
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.gau import GAU
+from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger
+from attnlab.options import options
 
 COMBINATIONS = list(itertools.product(options("pe"), options("norm"), options("synthesizer")))
 VOCAB, LENGTH = 11, 9
 EMBEDDING_ONLY = ("none", "learned", "sinusoidal")  # no hook inside attention
+
+BLOCKS = {"standard": Standard(), "gau": GAU(qk_dim=8)}
 
 
 def attention(pe: str, norm: str, synthesizer: str) -> AttentionConfig:
@@ -32,7 +37,7 @@ def attention(pe: str, norm: str, synthesizer: str) -> AttentionConfig:
 
 
 def tiny(**changes) -> ModelConfig:
-    sizes = {"d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "gau_qk_dim": 8}
+    sizes = {"block": Standard(), "d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32}
     return ModelConfig(**{**sizes, "dropout": 0.0, **changes})
 
 
@@ -55,7 +60,7 @@ def train_step(model: torch.nn.Module, loss: torch.Tensor) -> None:
 def test_one_training_step_in_every_form(pe, norm, synthesizer, block):
     torch.manual_seed(0)
     spec = attention(pe, norm, synthesizer)
-    cfg = tiny(block=block, n_heads=1 if block == "gau" else 2)
+    cfg = tiny(block=BLOCKS[block], n_heads=1 if block == "gau" else 2)
     src, tgt = tokens(), tokens(seed=1)
     padding = torch.zeros_like(src, dtype=torch.bool)
     padding[1, -3:] = True
@@ -99,7 +104,7 @@ def test_decoding_is_causal_and_the_cache_changes_nothing(pe, norm, synthesizer)
 def test_gau_and_post_ln_decoders_are_causal_with_an_exact_cache(pe, norm, layout):
     torch.manual_seed(0)
     changes = (
-        {"block": "gau", "n_heads": 1}
+        {"block": BLOCKS["gau"], "n_heads": 1}
         if layout == "gau"
         else {"norm_first": False, "qkv_bias": False}
     )
@@ -113,7 +118,7 @@ def test_gau_and_post_ln_decoders_are_causal_with_an_exact_cache(pe, norm, layou
 @pytest.mark.parametrize("synthesizer", [s for s in options("synthesizer") if s != "dot"])
 def test_gau_decoders_with_synthesized_scores_are_causal_with_an_exact_cache(synthesizer, pe, norm):
     torch.manual_seed(0)
-    cfg = tiny(init_std=0.2, block="gau", n_heads=1)
+    cfg = tiny(init_std=0.2, block=BLOCKS["gau"], n_heads=1)
     model = EncoderDecoder(cfg, attention(pe, norm, synthesizer), VOCAB, VOCAB)
     check_causal_with_an_exact_cache(model)
 

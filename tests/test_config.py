@@ -6,14 +6,15 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, compose_config, options
+from helpers import ROOT, compose_config
 from hydra.core.hydra_config import HydraConfig
 
 from attnlab.config import ConfigError, build
+from attnlab.options import options
 
 GROUPS = [
-    "task", "pe", "norm", "synthesizer", "model", "trainer", "logger", "callbacks", "extras",
-    "debug", "experiment", "hparams_search",
+    "task", "pe", "norm", "synthesizer", "block", "model", "trainer", "logger", "callbacks",
+    "extras", "debug", "experiment", "hparams_search",
 ]  # fmt: skip
 
 
@@ -27,7 +28,7 @@ def test_every_option_composes_with_the_default_config(group, option, tmp_path):
         assert cfg[group].name == option, "the YAML's name must be its file name"
 
 
-@pytest.mark.parametrize("group", ["pe", "norm", "synthesizer"])
+@pytest.mark.parametrize("group", ["pe", "norm", "synthesizer", "block"])
 def test_every_variant_yaml_documents_itself(group, tmp_path):
     for option in options(group):
         node = compose_config([f"{group}={option}"], tmp_path)[group]
@@ -85,3 +86,20 @@ def test_the_probe_table_sweeps_existing_options(tmp_path):
     assert set(params) == {"pe", "norm", "task.markers"}
     assert set(params.pe.split(",")) <= set(options("pe"))
     assert set(params.norm.split(",")) <= set(options("norm"))
+
+
+def test_importing_the_package_registers_no_resolver():
+    program = (
+        "import attnlab.config, attnlab.options, attnlab.run; from omegaconf import OmegaConf; "
+        "assert not OmegaConf.has_resolver('unique'), 'registered on import'; "
+        "attnlab.config.register_resolvers(); assert OmegaConf.has_resolver('unique')"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-1000:]
+
+
+@pytest.mark.parametrize("preset,block", [("small", "standard"), ("gau", "gau")])
+def test_the_block_is_a_group_and_model_gau_a_preset_of_it(make_config, preset, block):
+    cfg = make_config([f"model={preset}"])
+    assert cfg.block.name == block
+    assert make_config(["block=gau"]).norm.name == "softmax", "block=gau alone keeps the norm"

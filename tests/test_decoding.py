@@ -20,6 +20,7 @@ from attnlab.decoding import (
     sampling_filter,
 )
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder
 
 VOCAB, BOS, EOS = 23, 2, 3
@@ -33,7 +34,9 @@ def model(pe: str = "rope", norm: str = "softmax", synthesizer: str = "dot") -> 
             for g, o in (("pe", pe), ("norm", norm), ("synthesizer", synthesizer))
         )
     )
-    cfg = ModelConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, init_std=0.3)
+    cfg = ModelConfig(
+        Standard(), d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, init_std=0.3
+    )
     return EncoderDecoder(cfg, spec, VOCAB, VOCAB).eval()
 
 

@@ -5,17 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import variant
 
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.gau import GAU
 from attnlab.model.transformer import Stack
+from attnlab.options import variant
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_gau_block_computes_u_times_attention_of_v_with_shared_z(causal):
     torch.manual_seed(0)
     cfg = ModelConfig(
-        d_model=16, n_heads=1, n_layers=1, block="gau", gau_qk_dim=8, dropout=0.0, init_std=0.3
+        d_model=16, n_heads=1, n_layers=1, block=GAU(qk_dim=8), dropout=0.0, init_std=0.3
     )
     spec = AttentionConfig(
         variant("pe", "none"), variant("norm", "relu2"), variant("synthesizer", "dot")

@@ -11,12 +11,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import SHAPE, make_parts, options, variant
+from helpers import SHAPE, make_parts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import Compute, attend
 from attnlab.config import build
+from attnlab.options import options, variant
 
 NORMS = options("norm")
 ROW_SHIFT_INVARIANT = {"softmax", "l2"}

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import options, variant
 
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.transformer import EncoderDecoder, Tagger
+from attnlab.options import options, variant
 from attnlab.systems.base import parameter_counts
 from attnlab.systems.tagger import TaggerSystem
 
@@ -40,8 +40,9 @@ def tagger_total(block: int, extra: int = 0) -> int:
     return VOCAB * D + LAYERS * block + LAYER_NORM + linear(D, CLASSES) + extra
 
 
-def config(**changes) -> ModelConfig:
-    return ModelConfig.from_config({**variant("model", "tiny"), **changes})
+def config(block: str = "standard", **changes) -> ModelConfig:
+    block_node = variant("block", block, *([f"qk_dim={GAU_S}"] if block == "gau" else []))
+    return ModelConfig.from_config({**variant("model", "tiny"), **changes}, block_node)
 
 
 def attention(pe: str = "none", synthesizer: str = "dot", *overrides: str, norm="softmax"):
@@ -69,8 +70,9 @@ def encoder_decoder(attention_config: AttentionConfig, **changes) -> EncoderDeco
 
 def test_the_tiny_sizes_are_the_ones_counted_here():
     cfg = config()
-    sizes = (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.gau_qk_dim)
-    assert (*sizes, cfg.gau_expansion * cfg.d_model) == (D, HEADS, LAYERS, FF, GAU_S, GAU_E)
+    gau = config(block="gau").block
+    sizes = (cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, gau.qk_dim)
+    assert (*sizes, gau.expansion * cfg.d_model) == (D, HEADS, LAYERS, FF, GAU_S, GAU_E)
     assert (cfg.qkv_bias, cfg.norm_first, cfg.tie_embeddings) == (True, True, True)
 
 
@@ -208,10 +210,13 @@ def test_shared_parameters_are_counted_once():
 
 def test_a_system_counts_its_network_and_nothing_else():
     system = TaggerSystem(
-        model=variant("model", "tiny"),
-        pe=variant("pe", "learned"),
-        norm=variant("norm", "softmax"),
-        synthesizer=variant("synthesizer", "dot"),
+        architecture={
+            "model": variant("model", "tiny"),
+            "block": variant("block", "standard"),
+            "pe": variant("pe", "learned"),
+            "norm": variant("norm", "softmax"),
+            "synthesizer": variant("synthesizer", "dot"),
+        },
         optim={},
         vocab_size=VOCAB,
         num_classes=CLASSES,

@@ -8,16 +8,19 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import SHAPE, variant
+from helpers import SHAPE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.config import ConfigError, build
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.transformer import Stack
+from attnlab.options import variant
 
 D = SHAPE.d_model
 HOOKS = ("rotate", "scale", "score_bias", "reweight", "value_term")
+
+STANDARD = variant("block", "standard")
 
 
 def pe(option: str, *overrides: str, shape=SHAPE):
@@ -47,7 +50,7 @@ def tokens(length: int, seed: int = 0) -> torch.Tensor:
 
 
 def tiny_config() -> ModelConfig:
-    return ModelConfig.from_config({**variant("model", "tiny"), "dropout": 0.0})
+    return ModelConfig.from_config({**variant("model", "tiny"), "dropout": 0.0}, STANDARD)
 
 
 def attention(pe_option: str, *overrides: str) -> AttentionConfig:
@@ -146,7 +149,9 @@ def test_a_sequence_longer_than_the_learned_table_raises():
 
 @pytest.mark.parametrize("option", ["sinusoidal", "learned"])
 def test_absolute_positions_break_the_permutation_equivariance_of_a_bidirectional_stack(option):
-    cfg = ModelConfig.from_config({**variant("model", "tiny"), "dropout": 0.0, "init_std": 0.2})
+    cfg = ModelConfig.from_config(
+        {**variant("model", "tiny"), "dropout": 0.0, "init_std": 0.2}, STANDARD
+    )
     x = torch.randn(
         2, 7, cfg.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(3)
     )

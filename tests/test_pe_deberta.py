@@ -7,13 +7,14 @@ import math
 
 import pytest
 import torch
-from helpers import SHAPE, make_parts, variant
+from helpers import SHAPE, make_parts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import Compute, attend
 from attnlab.config import ConfigError, build
 from attnlab.model.transformer import attention_mask
+from attnlab.options import variant
 from attnlab.pe.deberta import log_bucket
 
 LOG_BUCKETS = {  # design notes §7, position_buckets 256, max_relative_positions 512

@@ -8,14 +8,16 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import SHAPE, make_parts, variant
+from helpers import SHAPE, make_parts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.attention.core import Attention, KVCache, split_heads
+from attnlab.attention.core import Attention, KVCache
 from attnlab.config import ConfigError, build
 from attnlab.model.transformer import attention_mask
+from attnlab.options import variant
 from attnlab.pe.rope import RoPE
+from attnlab.tensors import split_heads
 
 D = SHAPE.head_dim
 LAYOUTS = ["interleaved", "half"]

@@ -8,13 +8,14 @@ from functools import cache
 
 import pytest
 import torch
-from helpers import SHAPE, make_parts, variant
+from helpers import SHAPE, make_parts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import AttentionParts, Compute, attend
 from attnlab.config import ConfigError
 from attnlab.model.transformer import attention_mask
+from attnlab.options import variant
 
 LENGTH = 9
 

@@ -7,11 +7,12 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import SHAPE, make_parts, variant
+from helpers import SHAPE, make_parts
 
 from attnlab.attention.core import Compute, attend
 from attnlab.config import ConfigError
 from attnlab.model.transformer import attention_mask
+from attnlab.options import variant
 from attnlab.pe.t5 import relative_position_bucket
 
 CAUSAL = replace(SHAPE, causal=True)

@@ -7,12 +7,14 @@ import functools
 
 import pytest
 import torch
-from helpers import SHAPE, compose_config, make_parts, variant
+from helpers import SHAPE, compose_config, make_parts
 
 from attnlab.attention.core import Compute, attend
 from attnlab.config import ConfigError, build
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.standard import Standard
 from attnlab.model.transformer import Stack, attention_mask
+from attnlab.options import variant
 
 
 @functools.cache
@@ -164,7 +166,9 @@ def test_identical_tokens_get_outputs_that_depend_on_position():
 def test_positions_beyond_max_len_raise_and_the_base_bound_counts():
     bounded_base = urpe("learned", max_len=16) | {"base": {**node("pe", "learned"), "max_len": 4}}
     assert build(bounded_base, shape=SHAPE).max_len == 4
-    model = ModelConfig(d_model=SHAPE.d_model, n_heads=SHAPE.n_heads, n_layers=1, d_ff=32)
+    model = ModelConfig(
+        Standard(), d_model=SHAPE.d_model, n_heads=SHAPE.n_heads, n_layers=1, d_ff=32
+    )
     attention = AttentionConfig(
         urpe("rope", max_len=8), node("norm", "softmax"), node("synthesizer", "dot")
     )

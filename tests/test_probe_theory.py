@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import options
 
+from attnlab.options import options
 from attnlab.run import build_datamodule, build_system
 from attnlab.tasks.probe import ZERO, probe_example
 

@@ -8,12 +8,14 @@ from functools import cache
 
 import pytest
 import torch
-from helpers import SHAPE, make_parts, options, variant
+from helpers import SHAPE, make_parts
 
 from attnlab.attention.core import Compute, attend
 from attnlab.config import ConfigError, build
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.standard import Standard
 from attnlab.model.transformer import Stack, StackCache, attention_mask
+from attnlab.options import options, variant
 from attnlab.synthesizer.base import Synthesis, Synthesizer
 from attnlab.synthesizer.dot import Dot
 
@@ -235,7 +237,7 @@ def test_a_cached_row_is_the_row_of_the_full_matrix(option):
 
 def small_stack(option: str, causal: bool) -> Stack:
     cfg = ModelConfig(
-        d_model=SHAPE.d_model, n_heads=SHAPE.n_heads, n_layers=2, d_ff=32, dropout=0.0
+        Standard(), d_model=SHAPE.d_model, n_heads=SHAPE.n_heads, n_layers=2, d_ff=32, dropout=0.0
     )
     attention = AttentionConfig.from_config(
         config("pe", "none"), config("norm", "softmax"), node(option)
@@ -378,3 +380,10 @@ def test_identical_inputs_give_identical_outputs_at_every_position(option, causa
     for fast in (True, False):
         out = attend(parts, 0, x, q, k, v, pos, pos, mask, Compute(fast=fast))
         torch.testing.assert_close(out, v)
+
+
+def test_only_dot_product_attention_says_it_is_the_plain_dot_product():
+    plain = [
+        o for o in options("synthesizer") if build(variant("synthesizer", o), shape=SHAPE).plain_dot
+    ]
+    assert plain == ["dot"]

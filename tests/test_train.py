@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, compose_config, options
+from helpers import ROOT, compose_config
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from attnlab import status
 from attnlab.config import Diverged
 from attnlab.optim import lr_factor
+from attnlab.options import options
 from attnlab.run import print_config
 from attnlab.train import train
 

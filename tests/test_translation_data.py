@@ -18,22 +18,24 @@ import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from helpers import SHARED_DATA, variant
+from helpers import SHARED_DATA
 from torch.utils.data import DistributedSampler
 
 from attnlab import tokenizer as tokenizer_module
 from attnlab.config import ConfigError, build
 from attnlab.data import seq2seq
 from attnlab.data.batching import (
-    Example,
     TokenBatchSampler,
     bucketed_order,
     collate,
     padding_fraction,
     token_batches,
 )
+from attnlab.data.cache import Example
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder
+from attnlab.options import variant
 from attnlab.tasks import translation
 from attnlab.tasks.translation import TranslationDataModule
 from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -229,7 +231,7 @@ def test_separate_vocabularies_are_per_language_and_never_share_embeddings(corpu
     attention = AttentionConfig(
         variant("pe", "none"), variant("norm", "softmax"), variant("synthesizer", "dot")
     )
-    cfg = ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    cfg = ModelConfig(Standard(), d_model=16, n_heads=2, n_layers=1, d_ff=32)
     net = EncoderDecoder(cfg, attention, sizes["src_vocab_size"], sizes["tgt_vocab_size"], False)
     assert net.src_embed is not net.tgt_embed
     joint = EncoderDecoder(cfg, attention, sizes["src_vocab_size"], sizes["tgt_vocab_size"], True)

@@ -60,7 +60,8 @@ def test_every_job_of_a_sweep_is_its_own_offline_wandb_run(wandb_sweep):
     for run in runs.values():
         pe = run.config["pe"]["name"]
         assert set(run.tags) == {
-            "probe_check", f"pe={pe}", "norm=l2", "synthesizer=dot", "task=probe", "model=tiny"
+            "probe_check", f"pe={pe}", "norm=l2", "synthesizer=dot", "task=probe", "model=tiny",
+                "block=standard",
         }  # fmt: skip
 
 
@@ -171,14 +172,14 @@ def test_the_group_is_the_experiment_else_the_sweep_directory(tmp_path):
 
 
 def test_a_translation_run_logs_sacrebleus_signatures_with_its_config(tmp_path):
-    from attnlab.config import to_dict
+    from attnlab.config import ARCHITECTURE, to_dict
     from attnlab.run import logged_config
     from attnlab.systems.seq2seq import Seq2SeqSystem
 
     cfg = compose_config(["task=multi30k", "model=tiny", "pe=t5"], tmp_path)
-    groups = {g: to_dict(cfg[g]) for g in ("model", "pe", "norm", "synthesizer")}
+    architecture = {g: to_dict(cfg[g]) for g in ARCHITECTURE}
     system = Seq2SeqSystem(
-        **groups, optim=to_dict(cfg.task.optim), src_vocab_size=20, tgt_vocab_size=20,
+        architecture=architecture, optim=to_dict(cfg.task.optim), src_vocab_size=20, tgt_vocab_size=20,
         pad_id=0, bos_id=1, eos_id=2,
     )  # fmt: skip
     config = logged_config(cfg, system)

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 METADATA = ("name", "description", "paper")
 DESCRIPTIVE = ("_target_", "description", "paper")  # what a node is and where its class lives
+ARCHITECTURE = ("model", "block", "pe", "norm", "synthesizer")  # the groups weights are built for
 
 
 _reserved: list[Path] = []  # directories unique_directory made in this process
@@ -53,12 +54,16 @@ def _release_unused() -> None:
             directory.rmdir()
 
 
-# `${cwd:}`, the directory a run is launched from, for paths.root_dir. Hydra's own
-# `${hydra:runtime.cwd}` is unset when a multirun's sweeper resolves hydra.sweep.dir.
-OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
-# `${unique:path}` for run and sweep directories; cached, so that every later read of
-# hydra.run.dir (and every job's copy of a sweep's config) gives the one directory made
-OmegaConf.register_new_resolver("unique", unique_directory, replace=True, use_cache=True)
+def register_resolvers() -> None:
+    """The resolvers the configs use; called by every entry point before Hydra composes.
+
+    `${cwd:}`, the directory a run is launched from, for paths.root_dir (Hydra's own
+    `${hydra:runtime.cwd}` is unset when a multirun's sweeper resolves hydra.sweep.dir).
+    `${unique:path}` for run and sweep directories, cached, so that every later read of
+    hydra.run.dir (and every job's copy of a sweep's config) gives the one directory made.
+    """
+    OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
+    OmegaConf.register_new_resolver("unique", unique_directory, replace=True, use_cache=True)
 
 
 class ConfigError(ValueError):

@@ -16,7 +16,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config import ConfigError, to_dict
+from attnlab.config import ConfigError, register_resolvers, to_dict
+from attnlab.job import run_composed
+from attnlab.options import CONFIG_DIR
 from attnlab.preflight import check_setting_keys
 from attnlab.resume import (
     RECORD_KEY,
@@ -25,7 +27,6 @@ from attnlab.resume import (
     evaluation_arguments,
     read_checkpoint,
 )
-from attnlab.train import CONFIG_DIR
 
 STAGES = {"test": "test", "val": "validate"}  # split=... -> Lightning's stage
 
@@ -63,7 +64,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval")
 def evaluate_main(cfg: DictConfig) -> dict[str, float]:
     try:
         return evaluate(cfg)
@@ -72,19 +73,24 @@ def evaluate_main(cfg: DictConfig) -> dict[str, float]:
 
 
 def main() -> None:
-    """Run Hydra with the checkpoint's overrides ahead of the command line's."""
+    """The checkpoint's overrides ahead of the command line's, composed (`attnlab.job`);
+    flags (--help, --cfg, ...) go to Hydra's app with the command line as given."""
+    register_resolvers()
     args = sys.argv[1:]
+    if any(a.startswith("-") for a in args):
+        evaluate_main()
+        return
     try:
-        if argument(args, "ckpt_path") is None and not any(a.startswith("-") for a in args):
+        if argument(args, "ckpt_path") is None:
             raise ConfigError(
                 "eval.py needs the checkpoint to evaluate: pass ckpt_path=<run>/checkpoints/"
                 "last.ckpt (the latest state) or <run>/checkpoints/epoch_NNN.ckpt (the best)"
             )
-        sys.argv[1:] = evaluation_arguments(args)
-        check_setting_keys(sys.argv[1:], CONFIG_DIR, "eval")
+        arguments = evaluation_arguments(args)
+        check_setting_keys(arguments, "eval")
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
-    evaluate_main()
+    run_composed("eval", arguments, evaluate_main)
 
 
 if __name__ == "__main__":

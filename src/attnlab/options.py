@@ -1,19 +1,65 @@
-"""Print every option of every config group as a Markdown table: `python -m attnlab.options`.
+"""The options of every config group, read from the YAML files shipped inside the package.
 
-The README's options table is this output (a test keeps the two in sync).
+`python -m attnlab.options` prints them as a Markdown table: the README's options table is
+this output (a test keeps the two in sync). Tests and benchmarks build variants from the
+same files with `variant`, so they exercise the defaults a run gets.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
+from typing import Any
 
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+from attnlab.config import to_dict
+
+CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 GROUPS = (
-    "task", "pe", "norm", "synthesizer", "model", "trainer", "logger", "callbacks", "extras",
-    "experiment", "hparams_search", "debug", "paths", "hydra", "hydra/launcher",
+    "task", "pe", "norm", "synthesizer", "block", "model", "trainer", "logger", "callbacks",
+    "extras", "experiment", "hparams_search", "debug", "paths", "hydra", "hydra/launcher",
 )  # fmt: skip
+
+
+def options(group: str) -> list[str]:
+    """Every option of a config group, from its YAML files."""
+    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def variant(group: str, option: str, *overrides: str) -> dict[str, Any]:
+    """The config node of one option (its YAML with defaults applied), plus overrides
+    written relative to the group, e.g. variant("pe", "shaw", "max_relative_position=3")."""
+    return copy.deepcopy(_variant(group, option, overrides))
+
+
+@functools.cache
+def _variant(group: str, option: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+    GlobalHydra.instance().clear()  # compose outside any Hydra app this process ran
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(
+            "train", overrides=[f"{group}={option}", *(f"{group}.{o}" for o in overrides)]
+        )
+    GlobalHydra.instance().clear()
+    return to_dict(cfg[group])
+
+
+def shrink(node: Any, max_len: int = 16) -> Any:
+    """A copy of a config node with every length bound set to max_len (and factorized
+    dense's a·b kept equal to it), so that tests and benchmarks stay small."""
+    if isinstance(node, list):
+        return [shrink(item, max_len) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = {key: shrink(value, max_len) for key, value in node.items()}
+    if "max_len" in node:
+        node["max_len"] = max_len
+    if "a" in node and "b" in node:
+        node["a"], node["b"] = 4, max_len // 4
+    return node
 
 
 def first_comment(path: Path) -> str:
@@ -24,7 +70,7 @@ def first_comment(path: Path) -> str:
     raise ValueError(f"{path} has neither a description nor a leading comment to show")
 
 
-def option_rows(group: str, conf: Path = CONF) -> list[tuple[str, str, str]]:
+def option_rows(group: str, conf: Path = CONFIG_DIR) -> list[tuple[str, str, str]]:
     """(option, description, paper) for each YAML of a group; options without a
     `description` key describe themselves in their first comment line."""
     rows = []
@@ -36,7 +82,7 @@ def option_rows(group: str, conf: Path = CONF) -> list[tuple[str, str, str]]:
     return rows
 
 
-def options_table(conf: Path = CONF) -> str:
+def options_table(conf: Path = CONFIG_DIR) -> str:
     lines = ["| option | what it is | source |", "|---|---|---|"]
     for group in GROUPS:
         lines += [f"| {o} | {d} | {p} |" for o, d, p in option_rows(group, conf)]

@@ -14,9 +14,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config import ConfigError
+from attnlab.options import CONFIG_DIR
 
 
-def check_setting_keys(args: list[str], config_dir: str, config_name: str) -> None:
+def check_setting_keys(args: list[str], config_name: str) -> None:
     """Raise a ConfigError for an override of a setting that does not exist."""
     if any(arg.startswith("-") for arg in args):  # -m, --help, --cfg: Hydra's own business
         return
@@ -34,7 +35,7 @@ def check_setting_keys(args: list[str], config_dir: str, config_name: str) -> No
     choices = [arg for arg, o in zip(args, overrides, strict=True) if "." not in o.key_or_group]
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir, version_base="1.3"):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(config_name, overrides=choices)
     except Exception:
         return  # a bad choice: Hydra lists the options

@@ -19,20 +19,21 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
-from attnlab.config import DESCRIPTIVE, ConfigError, flatten
+from attnlab.config import ARCHITECTURE, DESCRIPTIVE, ConfigError, flatten
 
 RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
 LAST = "last.ckpt"  # the latest state of a run, in <run dir>/checkpoints/
 
 GROUPS = (
-    "task", "pe", "norm", "synthesizer", "model", "trainer", "logger", "callbacks", "extras",
-    "experiment", "hparams_search", "debug",
+    "task", "pe", "norm", "synthesizer", "model", "block", "trainer", "logger", "callbacks",
+    "extras", "experiment", "hparams_search", "debug",
 )  # fmt: skip
-SETTINGS = ("task", "pe", "norm", "synthesizer", "model", "trainer", "decode", "paths", "extras")
+SETTINGS = (
+    "task", "pe", "norm", "synthesizer", "model", "block", "trainer", "decode", "paths", "extras",
+)  # fmt: skip
 TOP_VALUES = ("seed", "tags", "train", "test", "optimized_metric")
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
-MODEL = ("pe", "norm", "synthesizer", "model")  # what a checkpoint's weights are built for
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -122,9 +123,10 @@ def evaluation_arguments(args: list[str]) -> list[str]:
     return [*allowed_overrides(record["overrides"], "the checkpoint"), *args]
 
 
-def training_arguments(args: list[str]) -> list[str]:
-    """train.py's command line. `run_dir=<run>` stands for `ckpt_path=<run>/checkpoints/last.ckpt`;
-    a checkpoint inside a run directory continues that run, in that directory."""
+def training_arguments(args: list[str]) -> list[str] | None:
+    """The overrides of a resumed run (None when train.py's command line resumes nothing).
+    `run_dir=<run>` stands for `ckpt_path=<run>/checkpoints/last.ckpt`; a checkpoint inside a
+    run directory continues that run, in that directory."""
     run_dir = argument(args, "run_dir")
     if run_dir is not None:
         checkpoint = Path(run_dir) / "checkpoints" / LAST
@@ -134,19 +136,26 @@ def training_arguments(args: list[str]) -> list[str]:
                 "of a run that train.py wrote (logs/<task>/runs/<time>)"
             )
         args = [a for a in args if not a.startswith("run_dir=")] + [f"ckpt_path={checkpoint}"]
+    if any(a.startswith("-") for a in args) and argument(args, "ckpt_path") not in (None, "null"):
+        raise ConfigError(
+            "ckpt_path= resumes one run, so it takes no flags (-m, --cfg, ...): run each "
+            "resumed job on its own"
+        )
     record = stored_record(args)
     if record is None:
-        return args
+        return None
     resumed = [*allowed_overrides(record["overrides"], "the checkpoint"), *args]
     directory = run_directory(Path(argument(args, "ckpt_path")))
-    return resumed + ([f"hydra.run.dir={directory}"] if directory and "-m" not in args else [])
+    return resumed + ([f"hydra.run.dir={directory}"] if directory else [])
 
 
 def check_same_model(config: dict[str, Any], stored: dict[str, Any], program: str) -> None:
     """Refuse a config whose model differs from the checkpoint's: settings both define with
     different values (a setting only one side knows is a newer option, not a conflict)."""
-    mine = flatten({key: config.get(key) for key in MODEL}) | {"task.name": config["task"]["name"]}
-    theirs = flatten({key: stored.get(key) for key in MODEL}) | {
+    mine = flatten({key: config.get(key) for key in ARCHITECTURE}) | {
+        "task.name": config["task"]["name"]
+    }
+    theirs = flatten({key: stored.get(key) for key in ARCHITECTURE}) | {
         "task.name": stored["task"]["name"]
     }
     differing = [

@@ -19,11 +19,11 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import DESCRIPTIVE, ConfigError, build, to_dict
+from attnlab.config import ARCHITECTURE, DESCRIPTIVE, ConfigError, build, to_dict
 from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig
 from attnlab.logger.wandb import WandbLogger
-from attnlab.model.config import ModelConfig
+from attnlab.model.config import Architecture
 from attnlab.optim import check_optim
 from attnlab.systems.base import System
 
@@ -50,9 +50,9 @@ def command_line_overrides() -> list[str]:
 
 
 def check_settings(cfg: DictConfig) -> None:
-    """The model, optimizer and decoding settings, checked before any data is read (the
+    """The architecture, optimizer and decoding settings, checked before any data is read (the
     system checks them again when it is built, after the data gave it vocabulary sizes)."""
-    ModelConfig.from_config(cfg.model)
+    Architecture.from_config({group: cfg[group] for group in ARCHITECTURE})
     check_optim(**to_dict(cfg.task.optim))
     DecodeConfig(**to_dict(cfg.decode))
 
@@ -64,10 +64,7 @@ def build_datamodule(cfg: DictConfig) -> TaskData:
 def build_system(cfg: DictConfig, datamodule: TaskData) -> System:
     system = build(
         cfg.task.system,
-        model=to_dict(cfg.model),
-        pe=to_dict(cfg.pe),
-        norm=to_dict(cfg.norm),
-        synthesizer=to_dict(cfg.synthesizer),
+        architecture={group: to_dict(cfg[group]) for group in ARCHITECTURE},
         optim=to_dict(cfg.task.optim),
         **datamodule.model_kwargs(),
     )

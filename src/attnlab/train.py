@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config import ConfigError, Diverged, to_dict
+from attnlab.config import ConfigError, Diverged, register_resolvers, to_dict
+from attnlab.options import CONFIG_DIR
 
 if TYPE_CHECKING:
     import lightning as L
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 STOPS = (ConfigError, Diverged)  # errors that say everything in one sentence
 
 
@@ -100,9 +100,11 @@ def fit_and_test(
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def train_main(cfg: DictConfig) -> float | None:
     from attnlab.run import in_sweep
+
+    register_resolvers()  # again: a launcher's worker process (joblib, submitit) starts here
 
     try:
         metrics = train(cfg)
@@ -133,16 +135,23 @@ def interrupted(cfg: DictConfig) -> str:
 
 
 def main() -> None:
-    """Resuming (`ckpt_path=...`, `run_dir=...`) rebuilds the run from what it stored."""
+    """A resumed run (`ckpt_path=...`, `run_dir=...`) is rebuilt from what it stored, ahead of
+    the command line (`attnlab.job`); any other run is Hydra's app on the command line."""
+    from attnlab.job import run_composed
     from attnlab.preflight import check_setting_keys
     from attnlab.resume import training_arguments
 
+    register_resolvers()
+    args = sys.argv[1:]
     try:
-        sys.argv[1:] = training_arguments(sys.argv[1:])
-        check_setting_keys(sys.argv[1:], CONFIG_DIR, "train")
+        resumed = training_arguments(args)
+        check_setting_keys(args if resumed is None else resumed, "train")
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
-    train_main()
+    if resumed is None:
+        train_main()
+    else:
+        run_composed("train", resumed, train_main)
 
 
 if __name__ == "__main__":

@@ -32,12 +32,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from attnlab.attention.shape import StackShape
 from attnlab.config import build
 from attnlab.norm.base import Normalizer
 from attnlab.pe.base import PositionalEncoding
+from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesizer
-from attnlab.synthesizer.dot import Dot
+from attnlab.tensors import linear, merge_heads, split_heads
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,10 @@ class Compute:
     dropout: float = 0.0
     fast: bool = True
     chunk: int | None = None
+
+    def at(self, training: bool) -> Compute:
+        """This computation in a module's mode: no dropout outside training."""
+        return self if training else replace(self, dropout=0.0)
 
 
 class AttentionParts(nn.Module):
@@ -82,7 +86,7 @@ class AttentionParts(nn.Module):
 
     def fused(self) -> bool:
         """Whether SDPA computes it from q, k and v alone: no [Lq, Lk] tensor is formed."""
-        return self.fast() and isinstance(self.synthesizer, Dot) and not self.pe.adds_score_terms
+        return self.fast() and self.synthesizer.plain_dot and not self.pe.adds_score_terms
 
 
 def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
@@ -178,6 +182,24 @@ def _weights(
     return parts.pe.reweight(parts.norm(extra, mask), q_pos, k_pos, layer)
 
 
+def rotate_and_cache(
+    pe: PositionalEncoding,
+    q: Tensor | None,
+    k: Tensor | None,
+    v: Tensor,
+    q_pos: Tensor,
+    cache: KVCache | None,
+) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    """Self-attention's new q and k rotated by the PE at their positions, then the cache's
+    keys and values ahead of the new ones: what every block does between its projections
+    and `attend`."""
+    q = None if q is None else pe.rotate(q, q_pos)
+    k = None if k is None else pe.rotate(k, q_pos)
+    if cache is not None:
+        k, v = cache.extend(k, v)
+    return q, k, v
+
+
 @dataclass
 class KVCache:
     """Keys and values seen so far by one attention layer (incremental decoding)."""
@@ -197,26 +219,6 @@ class KVCache:
         """Keep batch rows `index` (beam search)."""
         self.k = None if self.k is None else self.k.index_select(0, index)
         self.v = None if self.v is None else self.v.index_select(0, index)
-
-
-def split_heads(x: Tensor, n_heads: int) -> Tensor:
-    """[B, L, H·d] -> [B, H, L, d]."""
-    b, length, width = x.shape
-    return x.view(b, length, n_heads, width // n_heads).transpose(1, 2)
-
-
-def merge_heads(x: Tensor) -> Tensor:
-    """[B, H, L, d] -> [B, L, H·d]."""
-    b, h, length, d = x.shape
-    return x.transpose(1, 2).reshape(b, length, h * d)
-
-
-def linear(d_in: int, d_out: int, bias: bool, std: float) -> nn.Linear:
-    layer = nn.Linear(d_in, d_out, bias=bias)
-    nn.init.normal_(layer.weight, std=std)
-    if bias:
-        nn.init.zeros_(layer.bias)
-    return layer
 
 
 class Attention(nn.Module):
@@ -276,16 +278,8 @@ class Attention(nn.Module):
                 cache.k, cache.v = k, v
             return q, k, v
         q, k, v = self.qkv_proj(x).split(self.widths, -1)
-        q = self._heads(q, qw)
-        k = self._heads(k, kw)
         v = split_heads(v, self.shape.n_heads)
-        if q is not None:
-            q = pe.rotate(q, q_pos)
-        if k is not None:
-            k = pe.rotate(k, q_pos)
-        if cache is not None:
-            k, v = cache.extend(k, v)
-        return q, k, v
+        return rotate_and_cache(pe, self._heads(q, qw), self._heads(k, kw), v, q_pos, cache)
 
     def forward(
         self,
@@ -298,8 +292,9 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
     ) -> Tensor:
         q, k, v = self.project(x, parts, q_pos, k_pos, memory, cache)
-        compute = self.compute if self.training else replace(self.compute, dropout=0.0)
-        out = attend(parts, self.layer, x, q, k, v, q_pos, k_pos, mask, compute)
+        out = attend(
+            parts, self.layer, x, q, k, v, q_pos, k_pos, mask, self.compute.at(self.training)
+        )
         return self.out_proj(merge_heads(out))
 
     def weights(

@@ -18,25 +18,16 @@ once, never repeated as padding.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from attnlab.config import ConfigError
+from attnlab.data.cache import Example, SplitData
 from attnlab.data.loader import ResumableSampler
 from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID
-
-if TYPE_CHECKING:
-    from attnlab.data.cache import SplitData
-
-
-class Example(NamedTuple):
-    src: np.ndarray  # subword ids, no specials
-    tgt: np.ndarray
-    ref: str
-    index: int
 
 
 def length_filter(

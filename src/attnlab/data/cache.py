@@ -14,14 +14,23 @@ import json
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from attnlab.data.batching import Example
 from attnlab.data.corpus import Corpus
 from attnlab.data.text import chunked
 from attnlab.tokenizer import Tokenizer
+
+
+class Example(NamedTuple):
+    """One pair of a split, as a batch is made of."""
+
+    src: np.ndarray  # subword ids, no specials
+    tgt: np.ndarray
+    ref: str
+    index: int
+
 
 ENCODE_CHUNK = 10_000  # pairs tokenized and written per step while building a token cache
 

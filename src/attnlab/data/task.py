@@ -7,6 +7,8 @@ from typing import Any
 
 import lightning as L
 
+IGNORE = -100  # a target excluded from losses and metrics (padding, markers): torch's default
+
 
 class TaskData(L.LightningDataModule):
     def has_split(self, split: str) -> bool:

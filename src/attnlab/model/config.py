@@ -1,21 +1,44 @@
-"""Model hyperparameters (the `model` config group) and the attention choices of a run."""
+"""Model hyperparameters (the `model` and `block` config groups) and the attention choices
+of a run."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
-from attnlab.attention.core import Compute
-from attnlab.attention.shape import StackShape
-from attnlab.config import METADATA, ConfigError, is_number, require_counts, to_dict
+from torch import nn
+
+from attnlab.attention.core import AttentionParts, Compute
+from attnlab.config import (
+    ARCHITECTURE,
+    METADATA,
+    ConfigError,
+    build,
+    is_number,
+    require_counts,
+    to_dict,
+)
+from attnlab.shape import StackShape
 
 ACTIVATIONS = ("relu", "gelu")
-BLOCKS = ("standard", "gau")
+
+
+class BlockType(Protocol):
+    """A block type, the `block` group (`conf/block/*.yaml` names one, e.g.
+    `attnlab.model.gau.GAU`): a frozen dataclass of the block's own options that gives the
+    shape of a stack's self-attention and builds layer `index` of a stack."""
+
+    def self_attention_shape(self, cfg: ModelConfig, n_layers: int, causal: bool) -> StackShape: ...
+
+    def layer(
+        self, cfg: ModelConfig, shape: StackShape, index: int, parts: AttentionParts, cross: bool
+    ) -> nn.Module: ...
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    block: BlockType  # the `block` group: Standard (attention + FFN) or GAU
     d_model: int = 256
     n_heads: int = 4
     n_layers: int = 3
@@ -26,9 +49,6 @@ class ModelConfig:
     activation: str = "gelu"
     norm_first: bool = True  # pre-LN; False: post-LN as in Vaswani et al.
     qkv_bias: bool = True
-    block: str = "standard"  # standard: attention + FFN; gau: gated attention unit
-    gau_qk_dim: int = 128  # GAU's s
-    gau_expansion: int = 2  # GAU's e = expansion·d_model
     init_std: float = 0.02
     embed_scale: bool = True  # Vaswani: token embeddings ~ N(0, 1/d), multiplied by √d
     tie_embeddings: bool = True  # share input and output embeddings where vocabularies match
@@ -38,7 +58,7 @@ class ModelConfig:
     layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        sizes = ("d_model", "n_heads", "n_layers", "d_ff", "gau_qk_dim", "gau_expansion")
+        sizes = ("d_model", "n_heads", "n_layers", "d_ff")
         require_counts("model", **{name: getattr(self, name) for name in sizes})
         if self.n_decoder_layers is not None:
             require_counts("model", n_decoder_layers=self.n_decoder_layers)
@@ -53,8 +73,6 @@ class ModelConfig:
         for f in fields(self):
             if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
                 raise ConfigError(f"model.{f.name}={getattr(self, f.name)!r} must be true or false")
-        if self.block not in BLOCKS:
-            raise ConfigError(f"model.block={self.block!r} is not one of: {', '.join(BLOCKS)}")
         if self.activation not in ACTIVATIONS:
             raise ConfigError(
                 f"model.activation={self.activation!r} is not one of: {', '.join(ACTIVATIONS)}"
@@ -69,22 +87,18 @@ class ModelConfig:
                 f"model.attention_chunk={self.attention_chunk} must be a positive number of "
                 "queries, or null to attend to whole sequences at once"
             )
-        if (self.d_model // self.n_heads) % 2 or self.gau_qk_dim % 2:
-            raise ConfigError(
-                f"the head width d_model/n_heads={self.d_model // self.n_heads} and "
-                f"gau_qk_dim={self.gau_qk_dim} must be even (rotary PEs rotate pairs)"
-            )
 
     @classmethod
-    def from_config(cls, node: Mapping[str, Any]) -> ModelConfig:
+    def from_config(cls, node: Mapping[str, Any], block: Mapping[str, Any]) -> ModelConfig:
+        """From the `model` and `block` config nodes."""
         params = {k: v for k, v in to_dict(node).items() if k not in METADATA}
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"block"}
         unknown = sorted(set(params) - known)
         if unknown:
             raise ConfigError(
                 f"model has no option {', '.join(unknown)}; its options are: {', '.join(sorted(known))}"
             )
-        return cls(**params)
+        return cls(**params, block=build(block))
 
     @property
     def compute(self) -> Compute:
@@ -93,12 +107,6 @@ class ModelConfig:
     @property
     def decoder_layers(self) -> int:
         return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
-
-    def self_attention_shape(self, n_layers: int, causal: bool) -> StackShape:
-        if self.block == "gau":
-            e = self.gau_expansion * self.d_model
-            return StackShape(self.d_model, 1, self.gau_qk_dim, e, n_layers, causal)
-        return self.multi_head_shape(n_layers, causal, cross=False)
 
     def multi_head_shape(self, n_layers: int, causal: bool, cross: bool) -> StackShape:
         d_h = self.d_model // self.n_heads
@@ -116,3 +124,22 @@ class AttentionConfig:
     @classmethod
     def from_config(cls, pe: Mapping, norm: Mapping, synthesizer: Mapping) -> AttentionConfig:
         return cls(to_dict(pe), to_dict(norm), to_dict(synthesizer))
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A network's configuration: the model's sizes and block, and its attention parts."""
+
+    model: ModelConfig
+    attention: AttentionConfig
+
+    @classmethod
+    def from_config(cls, nodes: Mapping[str, Mapping]) -> Architecture:
+        """From the config nodes named in ARCHITECTURE."""
+        missing = [group for group in ARCHITECTURE if group not in nodes]
+        if missing:
+            raise ConfigError(f"the architecture has no {', '.join(missing)} config node")
+        return cls(
+            ModelConfig.from_config(nodes["model"], nodes["block"]),
+            AttentionConfig.from_config(nodes["pe"], nodes["norm"], nodes["synthesizer"]),
+        )

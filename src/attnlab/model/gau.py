@@ -6,7 +6,9 @@
     O = (U ⊙ A V) W_o,  A = normalize(scores(q, k))
 
 One head; A comes from the same composable attention as the standard block (the stack's
-PE, synthesizer and normalizer: `model=gau` selects norm=relu2, the paper's choice).
+PE, synthesizer and normalizer). `block=gau` (conf/block/gau.yaml) sets s = `qk_dim` and
+e = `expansion`·d_model; the `model=gau` preset adds norm=relu2, the paper's choice, and
+twice the layers.
 γ ~ N(0, 0.02²) and β = 0 as in the paper's pseudocode. In an encoder-decoder, a decoder
 GAU block adds a standard multi-head cross-attention sublayer, which the paper has none of.
 The GAU replaces both attention and FFN, so a GAU block has no feed-forward sublayer.
@@ -14,16 +16,44 @@ The GAU replaces both attention and FFN, so a GAU block has no feed-forward subl
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.core import AttentionParts, KVCache, attend, attention_weights, linear
-from attnlab.attention.shape import StackShape
-from attnlab.model.blocks import CrossAttentionSublayer, LayerCache, StackInputs, out_std, residual
+from attnlab.attention.core import (
+    AttentionParts,
+    KVCache,
+    attend,
+    attention_weights,
+    rotate_and_cache,
+)
+from attnlab.config import require_counts
+from attnlab.model.block import CrossAttentionSublayer, LayerCache, StackInputs, out_std, residual
 from attnlab.model.config import ModelConfig
+from attnlab.shape import StackShape
+from attnlab.tensors import linear
+
+
+@dataclass(frozen=True)
+class GAU:
+    """The block type (attnlab.model.config.BlockType) and its options."""
+
+    qk_dim: int = 128  # s
+    expansion: int = 2  # e = expansion·d_model
+
+    def __post_init__(self) -> None:
+        require_counts("block", qk_dim=self.qk_dim, expansion=self.expansion)
+
+    def self_attention_shape(self, cfg: ModelConfig, n_layers: int, causal: bool) -> StackShape:
+        e = self.expansion * cfg.d_model
+        return StackShape(cfg.d_model, 1, self.qk_dim, e, n_layers, causal)
+
+    def layer(
+        self, cfg: ModelConfig, shape: StackShape, index: int, parts: AttentionParts, cross: bool
+    ) -> GAUBlock:
+        return GAUBlock(cfg, shape, index, parts, cross)
 
 
 class GatedAttentionUnit(nn.Module):
@@ -47,22 +77,15 @@ class GatedAttentionUnit(nn.Module):
         self, x: Tensor, inputs: StackInputs, cache: KVCache | None = None
     ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
         """u [B, L, e] and one head of q, k (rotated by the PE) and v, with the cache's."""
-        pe = inputs.parts.pe
         u, v = F.silu(self.uv(x)).chunk(2, -1)
-        v = v[:, None]  # one head
-        z = F.silu(self.z(x))[:, None] if self.z is not None else None
-        q = k = None
-        if self.needs_query:
-            q = pe.rotate(z * self.gamma["q"] + self.beta["q"], inputs.q_pos)
-        if self.needs_key:
-            k = pe.rotate(z * self.gamma["k"] + self.beta["k"], inputs.q_pos)
-        if cache is not None:
-            k, v = cache.extend(k, v)
-        return u, q, k, v
+        z = F.silu(self.z(x))[:, None] if self.z is not None else None  # one head
+        q = z * self.gamma["q"] + self.beta["q"] if self.needs_query else None
+        k = z * self.gamma["k"] + self.beta["k"] if self.needs_key else None
+        return u, *rotate_and_cache(inputs.parts.pe, q, k, v[:, None], inputs.q_pos, cache)
 
     def forward(self, x: Tensor, inputs: StackInputs, cache: KVCache | None = None) -> Tensor:
         u, q, k, v = self.project(x, inputs, cache)
-        compute = self.compute if self.training else replace(self.compute, dropout=0.0)
+        compute = self.compute.at(self.training)
         parts, q_pos, k_pos = inputs.parts, inputs.q_pos, inputs.k_pos
         a = attend(parts, self.layer, x, q, k, v, q_pos, k_pos, inputs.mask, compute)
         return self.out(u * a[:, 0])

@@ -2,8 +2,8 @@
 
 A `Stack` owns one positional encoding, normalizer and synthesizer (per-layer parameters
 live inside them) and N blocks; it computes positions and masks once per forward and keeps
-the key/value cache for incremental decoding. Blocks are the standard attention + FFN
-(pre- or post-LN) or the gated attention unit (`attnlab.model.gau`).
+the key/value cache for incremental decoding. Blocks are the `block` group's: the standard
+attention + FFN (`attnlab.model.standard`) or the gated attention unit (`attnlab.model.gau`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.core import AttentionParts, KVCache, linear
+from attnlab.attention.core import AttentionParts, KVCache
 from attnlab.config import ConfigError
-from attnlab.model.blocks import LayerCache, StackInputs, TransformerBlock
+from attnlab.model.block import LayerCache, StackInputs
 from attnlab.model.config import AttentionConfig, ModelConfig
-from attnlab.model.gau import GAUBlock
+from attnlab.tensors import linear
 
 NO_PE = {"_target_": "attnlab.pe.none.NoPE"}
 DOT = {"_target_": "attnlab.synthesizer.dot.Dot"}
@@ -79,7 +79,7 @@ class Stack(nn.Module):
         cross: bool = False,
     ) -> None:
         super().__init__()
-        shape = cfg.self_attention_shape(n_layers, causal)
+        shape = cfg.block.self_attention_shape(cfg, n_layers, causal)
         self.causal, self.n_layers = causal, n_layers
         self.parts = AttentionParts.from_config(
             attention.pe, attention.norm, attention.synthesizer, shape
@@ -96,9 +96,8 @@ class Stack(nn.Module):
                     f"model.cross_pe=true does nothing with {type(self.cross_parts.pe).__name__}, "
                     "which acts on token embeddings only (or not at all): set model.cross_pe=false"
                 )
-        block = GAUBlock if cfg.block == "gau" else TransformerBlock
         self.blocks = nn.ModuleList(
-            block(cfg, shape, i, self.parts, cross) for i in range(n_layers)
+            cfg.block.layer(cfg, shape, i, self.parts, cross) for i in range(n_layers)
         )
         self.drop = nn.Dropout(cfg.dropout)
         self.final_norm = (

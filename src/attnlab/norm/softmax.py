@@ -1,7 +1,7 @@
 """Softmax (Vaswani et al. 2017): a_ij = e^{s_ij} / Σ_k e^{s_ik}.
 
 Rows sum to 1 and are invariant to a per-row shift of the scores, which is why a relative
-PE acting only on the scores cannot solve the position probe (design notes §13).
+PE acting only on the scores cannot solve the position probe (Su 2022, kexue.fm/archives/9105).
 This is the one normalizer the fused `F.scaled_dot_product_attention` path computes.
 """
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.attention.shape import StackShape
 from attnlab.pe.base import PositionalEncoding, relative_positions
+from attnlab.shape import StackShape
 
 
 def geometric_slopes(n_heads: int) -> list[float]:

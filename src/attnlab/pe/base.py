@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.shape import StackShape
+from attnlab.shape import StackShape
 
 
 class PositionalEncoding(nn.Module):

@@ -39,10 +39,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.core import linear, split_heads
-from attnlab.attention.shape import StackShape
 from attnlab.config import ConfigError
 from attnlab.pe.base import PositionalEncoding, gather_relative, relative_positions
+from attnlab.shape import StackShape
+from attnlab.tensors import linear, split_heads
 
 TERMS = ("c2p", "p2c")
 

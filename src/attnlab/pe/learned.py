@@ -7,8 +7,8 @@ instead of extrapolating.
 
 from torch import Tensor, nn
 
-from attnlab.attention.shape import StackShape
 from attnlab.pe.base import PositionalEncoding
+from attnlab.shape import StackShape
 
 
 class LearnedPE(PositionalEncoding):

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.attention.shape import StackShape
 from attnlab.config import ConfigError
 from attnlab.pe.base import PositionalEncoding
+from attnlab.shape import StackShape
 
 
 def rotate(x: Tensor, pos: Tensor, base: float, layout: str) -> Tensor:

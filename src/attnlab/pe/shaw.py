@@ -15,7 +15,7 @@ clip(j − i) + K, and the value term sums the weights of each query into 2K+1 b
 multiplying by w^V. The value term acts after the normalizer, so it needs the plain path;
 `value_term=False` (key-only Shaw) keeps the fused SDPA path. The value term adds
 Σ_j weights_ij a^V_ij, which varies with i even when all v_j are equal: unlike score-only
-relative PEs, it can solve the position probe (design notes §13).
+relative PEs, it can solve the position probe (Su 2022, kexue.fm/archives/9105).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.shape import StackShape
 from attnlab.config import ConfigError
 from attnlab.pe.base import PositionalEncoding, gather_relative, relative_positions
+from attnlab.shape import StackShape
 
 
 def clipped_index(q_pos: Tensor, k_pos: Tensor, max_relative_position: int) -> Tensor:

@@ -25,9 +25,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.shape import StackShape
 from attnlab.config import ConfigError
 from attnlab.pe.base import PositionalEncoding, relative_positions
+from attnlab.shape import StackShape
 
 
 def relative_position_bucket(

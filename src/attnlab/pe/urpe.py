@@ -7,7 +7,7 @@
 default, as the official code pairs URPE with a T5-style per-head bias table). C is Toeplitz
 per head, so the rows of the weights no longer sum to 1: with identical tokens,
 o_i = (Σ_j a_ij c[j − i]) v varies with i, which restores universal approximation and solves
-the position probe (design notes §9, §13).
+the position probe (Luo et al. 2022, arXiv 2205.13401, §3; Su 2022, kexue.fm/archives/9105).
 
 Conventions, as in the official code (lsj2408/URPE with --ur-attn-unique and
 --constant-init-ur-attn): relative position j − i (key minus query, negative = past); one
@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.shape import StackShape
 from attnlab.config import ConfigError, build
 from attnlab.pe.base import PositionalEncoding, relative_positions
+from attnlab.shape import StackShape
 
 
 class URPE(PositionalEncoding):

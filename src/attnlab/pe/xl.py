@@ -19,8 +19,9 @@ removes); bidirectional stacks use XLNet's, valid everywhere. TXL and XLNet star
 distances at the key length, for queries at the last Lq key positions; starting them at
 the last query position instead makes the same shift right for any contiguous block of
 queries among keys 0..Lk−1: a whole sequence, a cached decoding step (q_pos = [t]) or a
-block of queries of chunked attention. XL is undefined for cross-attention and refuses it. Like every score-only PE it keeps softmax rows stochastic,
-so identical tokens give identical outputs (design notes §13).
+block of queries of chunked attention. XL is undefined for cross-attention and refuses it.
+Like every score-only PE it keeps softmax rows stochastic, so identical tokens give
+identical outputs (Su 2022, kexue.fm/archives/9105).
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.core import linear
-from attnlab.attention.shape import StackShape
 from attnlab.config import ConfigError
 from attnlab.pe.base import PositionalEncoding
 from attnlab.pe.sinusoidal import sinusoids
+from attnlab.shape import StackShape
+from attnlab.tensors import linear
 
 
 def distances(q_pos: Tensor, k_len: int, causal: bool) -> Tensor:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.shape import StackShape
 from attnlab.config import ConfigError
+from attnlab.shape import StackShape
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,9 @@ class Synthesizer(nn.Module):
     max_len_option = "max_len"  # the option that sets max_len, for error messages
     needs_query = False
     needs_key = False
+    # The synthesis is the scaled dot product alone (dot 1, no logits), so the core may let
+    # F.scaled_dot_product_attention compute it from q, k and v without forming the scores.
+    plain_dot = False
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()

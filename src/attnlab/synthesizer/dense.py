@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.shape import StackShape
+from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesis, Synthesizer, glorot_uniform, require_positive
 
 

@@ -13,6 +13,7 @@ DOT_ONLY = Synthesis(dot=1.0, logits=None)
 class Dot(Synthesizer):
     needs_query = True
     needs_key = True
+    plain_dot = True
 
     def forward(self, x: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Synthesis:
         return DOT_ONLY

@@ -23,8 +23,8 @@ import math
 
 from torch import Tensor
 
-from attnlab.attention.shape import StackShape
 from attnlab.config import ConfigError
+from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesis, Synthesizer, require_positive
 from attnlab.synthesizer.dense import TokenMLP
 

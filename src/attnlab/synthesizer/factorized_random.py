@@ -10,8 +10,8 @@ This is the paper's form. The released mesh-tensorflow code (`synthetic_attentio
 `factorized`) computes something else: it declares R₁ and R₂ with axes [k, heads,
 memory_length] and asks the einsum for [length, heads, memory_length], so mtf contracts k
 and broadcasts the new length axis. Its logits are Σ_t R₁[t, h, m]·R₂[t, h, m], one vector
-over keys repeated for every query: a query-independent distribution, not R₁R₂ᵀ
-(design notes §12.2). It also fixes ℓ at 512 regardless of `max_length`.
+over keys repeated for every query: a query-independent distribution, not R₁R₂ᵀ. It also
+fixes ℓ at 512 regardless of `max_length`.
 
 Initialization: glorot-uniform with the fans TensorFlow computes for mesh-tf's variables of
 shape [k, H, ℓ]: fan_in = H·k, fan_out = ℓ·k (see `attnlab.synthesizer.random`).
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from attnlab.attention.shape import StackShape
+from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesis, Synthesizer, glorot_uniform, require_positive
 
 

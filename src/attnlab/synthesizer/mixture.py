@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.shape import StackShape
 from attnlab.config import ConfigError, build
+from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesis, Synthesizer
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from attnlab.attention.shape import StackShape
+from attnlab.shape import StackShape
 from attnlab.synthesizer.base import (
     Synthesis,
     Synthesizer,

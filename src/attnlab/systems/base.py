@@ -1,5 +1,7 @@
-"""What every task's LightningModule shares: the optimizer, the parameter counts, and what
-`train.py` and the callbacks may ask of a system."""
+"""What every task's LightningModule shares: its architecture (the model, block, pe, norm and
+synthesizer config nodes, one `architecture` argument), its hyperparameters in checkpoints,
+the optimizer, the parameter counts, and what `train.py`, `eval.py` and the callbacks may
+ask of a system."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import lightning as L
 from torch import Tensor, nn
 
 from attnlab.data.task import TaskData
+from attnlab.model.config import Architecture
 from attnlab.norm.base import Normalizer
 from attnlab.optim import check_optim, configure_adamw
 from attnlab.pe.base import PositionalEncoding
@@ -33,10 +36,14 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
 
 
 class System(L.LightningModule):
-    def __init__(self, optim: dict) -> None:
+    def __init__(self, architecture: dict, optim: dict) -> None:
         super().__init__()
+        # the subclass's arguments too; loggers get the run's config instead (train.py), and
+        # tokenizers go into checkpoints as bytes (attnlab.systems.seq2seq)
+        self.save_hyperparameters(logger=False, ignore=["tokenizers"])
         check_optim(**optim)  # before any work, not when training starts
         self.optim = dict(optim)
+        self.architecture = Architecture.from_config(architecture)
 
     def configure_optimizers(self) -> dict:
         return configure_adamw(self, int(self.trainer.estimated_stepping_batches), **self.optim)

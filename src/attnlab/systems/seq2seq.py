@@ -28,7 +28,6 @@ from torchmetrics import MeanMetric
 from attnlab.config import ConfigError, require_counts
 from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig, generate
-from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import EncoderDecoder
 from attnlab.scores import SCORERS, signatures
@@ -51,10 +50,7 @@ def gather_objects(items: list) -> list:
 class Seq2SeqSystem(System):
     def __init__(
         self,
-        model: dict,
-        pe: dict,
-        norm: dict,
-        synthesizer: dict,
+        architecture: dict,
         optim: dict,
         src_vocab_size: int,
         tgt_vocab_size: int,
@@ -68,13 +64,11 @@ class Seq2SeqSystem(System):
         val_generate: int | None = None,
         tokenizers: Tokenizers | None = None,
     ) -> None:
-        super().__init__(optim)
-        # loggers get the run's config (train.py); the tokenizers go in as bytes (below)
-        self.save_hyperparameters(logger=False, ignore=["tokenizers"])
+        super().__init__(architecture, optim)
         self.tokenizers = tokenizers  # from the data; from the checkpoint when loaded
         self.net = EncoderDecoder(
-            ModelConfig.from_config(model),
-            AttentionConfig.from_config(pe, norm, synthesizer),
+            self.architecture.model,
+            self.architecture.attention,
             src_vocab_size,
             tgt_vocab_size,
             joint_vocab,

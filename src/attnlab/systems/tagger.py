@@ -11,13 +11,11 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from attnlab.data.task import TaskData
+from attnlab.data.task import IGNORE, TaskData
 from attnlab.metrics import AccuracyByPosition
-from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import Tagger
 from attnlab.systems.base import System
-from attnlab.tasks.probe import IGNORE
 
 
 def token_accuracy(num_classes: int) -> MulticlassAccuracy:
@@ -37,23 +35,15 @@ def eval_metrics(num_classes: int) -> nn.ModuleDict:
 class TaggerSystem(System):
     def __init__(
         self,
-        model: dict,
-        pe: dict,
-        norm: dict,
-        synthesizer: dict,
+        architecture: dict,
         optim: dict,
         vocab_size: int,
         num_classes: int,
         causal: bool = False,
     ) -> None:
-        super().__init__(optim)
-        self.save_hyperparameters(logger=False)  # loggers get the run's config (train.py)
+        super().__init__(architecture, optim)
         self.net = Tagger(
-            ModelConfig.from_config(model),
-            AttentionConfig.from_config(pe, norm, synthesizer),
-            vocab_size,
-            num_classes,
-            causal,
+            self.architecture.model, self.architecture.attention, vocab_size, num_classes, causal
         )
         self.train_metrics = nn.ModuleDict({"acc": token_accuracy(num_classes)})
         self.val_metrics = eval_metrics(num_classes)

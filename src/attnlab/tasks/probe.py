@@ -18,10 +18,9 @@ from torch.utils.data import DataLoader
 
 from attnlab.config import ConfigError, require_counts
 from attnlab.data.loader import ResumableLoader, ResumableSampler
-from attnlab.data.task import TaskData
+from attnlab.data.task import IGNORE, TaskData
 
 PAD, ZERO, CLS, SEP = 0, 1, 2, 3
-IGNORE = -100  # target of padding and marker positions: excluded from loss and metrics
 
 
 def probe_example(length: int, markers: bool) -> tuple[Tensor, Tensor]:

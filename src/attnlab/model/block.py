@@ -1,14 +1,16 @@
-"""The pieces of a transformer layer: residual sublayers, the standard block, cross-attention."""
+"""What every block of a stack shares: its inputs and cache, the residual wrapper, the scaled
+init of projections into the residual stream, and the cross-attention sublayer. A block
+takes (x, StackInputs, LayerCache) and returns x; its type is a `BlockType`
+(attnlab.model.config), named by `conf/block/<name>.yaml`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.core import Attention, AttentionParts, KVCache, linear
-from attnlab.attention.shape import StackShape
+from attnlab.attention.core import Attention, AttentionParts, KVCache
 from attnlab.model.config import ModelConfig
 
 
@@ -79,48 +81,3 @@ class CrossAttentionSublayer(nn.Module):
             )
 
         return residual(x, self.norm, self.drop, self.norm_first, cross_attend)
-
-
-class TransformerBlock(nn.Module):
-    """Self-attention, optional cross-attention and a feed-forward network."""
-
-    def __init__(
-        self, cfg: ModelConfig, shape: StackShape, layer: int, parts: AttentionParts, cross: bool
-    ) -> None:
-        super().__init__()
-        d = cfg.d_model
-        self.norm_first = cfg.norm_first
-        self.self_attn = Attention(
-            shape,
-            layer,
-            parts.needs_query,
-            parts.needs_key,
-            bias=cfg.qkv_bias,
-            init_std=cfg.init_std,
-            out_std=out_std(cfg, shape.n_layers),
-            compute=cfg.compute,
-        )
-        self.cross = CrossAttentionSublayer(cfg, layer) if cross else None
-        self.ff_in = linear(d, cfg.d_ff, True, cfg.init_std)
-        self.ff_out = linear(cfg.d_ff, d, True, out_std(cfg, shape.n_layers))
-        self.activation = F.gelu if cfg.activation == "gelu" else F.relu
-        self.norm1 = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.dropout)
-
-    def feed_forward(self, x: Tensor) -> Tensor:
-        return self.ff_out(self.drop(self.activation(self.ff_in(x))))
-
-    def forward(self, x: Tensor, inputs: StackInputs, cache: LayerCache) -> Tensor:
-        x = residual(
-            x,
-            self.norm1,
-            self.drop,
-            self.norm_first,
-            lambda h: self.self_attn(
-                h, inputs.parts, inputs.q_pos, inputs.k_pos, inputs.mask, cache=cache.self_kv
-            ),
-        )
-        if self.cross is not None:
-            x = self.cross(x, inputs, cache.cross_kv)
-        return residual(x, self.norm2, self.drop, self.norm_first, self.feed_forward)

@@ -103,3 +103,23 @@ def test_the_block_is_a_group_and_model_gau_a_preset_of_it(make_config, preset, 
     cfg = make_config([f"model={preset}"])
     assert cfg.block.name == block
     assert make_config(["block=gau"]).norm.name == "softmax", "block=gau alone keeps the norm"
+
+
+def test_scoring_more_probe_positions_than_the_model_predicts_is_one_sentence():
+    from attnlab.config import ARCHITECTURE
+    from attnlab.options import variant
+    from attnlab.systems.tagger import TaggerSystem
+    from attnlab.tasks.probe import ProbeDataModule
+
+    architecture = {
+        "model": variant("model", "tiny"), "block": variant("block", "standard"),
+        "pe": variant("pe", "learned"), "norm": variant("norm", "softmax"),
+        "synthesizer": variant("synthesizer", "dot"),
+    }  # fmt: skip
+    assert set(architecture) == set(ARCHITECTURE)
+    system = TaggerSystem(architecture, {}, ProbeDataModule.vocab_size, num_classes=16)
+    system.check_lengths(ProbeDataModule(max_len=16, eval_max_len=16))
+    with pytest.raises(
+        ConfigError, match=r"positions up to 32 but the model predicts positions 1\.\.16"
+    ):
+        system.check_lengths(ProbeDataModule(max_len=16, eval_max_len=32))

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from attnlab.config import ConfigError
 from attnlab.data.task import IGNORE, TaskData
 from attnlab.metrics import AccuracyByPosition
 from attnlab.model.maps import attention_maps
@@ -83,6 +84,14 @@ class TaggerSystem(System):
 
     def check_lengths(self, data: TaskData) -> None:
         self.net.stack.check_length(data.max_seq_len)
+        needed, classes = data.model_kwargs()["num_classes"], self.hparams.num_classes
+        if needed > classes:
+            raise ConfigError(
+                f"the data has positions up to {needed} but the model predicts positions 1.."
+                f"{classes} (the larger of its training run's max_len and eval_max_len): "
+                f"evaluate at most {classes} positions, or train with "
+                f"task.data.eval_max_len={needed} so that its output covers them"
+            )
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         return self._step(batch, "train")

@@ -157,3 +157,10 @@ def test_exp_l2_leaks_position_under_a_causal_mask_with_identical_tokens():
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
     row_sums = normalizer("l2")(scores, causal).sum(-1)[0, 0]
     torch.testing.assert_close(row_sums, torch.arange(1, 7, dtype=torch.float64).sqrt())
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3, -1e3])
+def test_l2_of_equal_scores_is_one_over_root_n_in_float32_at_any_scale(scale):
+    scores = torch.full((1, 1, 3, 4), scale, dtype=torch.float32)
+    weights = normalizer("l2")(scores, None)
+    assert torch.equal(weights, torch.full_like(weights, 0.5)), "no cancellation error"

@@ -4,6 +4,11 @@
 Exp-based normalizers put −inf at masked scores before the exponential; the others apply
 their activation first and multiply masked entries by 0 afterwards (SiLU(−inf) is NaN).
 A row with no visible key (a padding query) gets all-zero weights, never NaN.
+
+Every normalizer computes in float32 at least, whatever the activations' dtype (bf16 or fp16
+under mixed precision): exponentials, squares and row sums of bf16 scores lose up to 10% of a
+weight, against the bf16 rounding of the scores themselves. The weights come back in the
+scores' dtype, the one the product with v runs in.
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ class Normalizer(nn.Module):
     sdpa = False  # True only for softmax: F.scaled_dot_product_attention computes the same
 
     def forward(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+        """The weights of `normalize`, computed in float32 or wider, in the scores' dtype."""
+        wide = scores.to(torch.promote_types(scores.dtype, torch.float32))
+        return self.normalize(wide, mask).to(scores.dtype)
+
+    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         raise NotImplementedError
 
 

@@ -20,5 +20,5 @@ def l2_normalize_exp(scores: Tensor) -> Tensor:
 
 
 class L2(Normalizer):
-    def forward(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         return exp_normalize(scores, mask, l2_normalize_exp)

@@ -34,6 +34,6 @@ class L2Act(Normalizer):
             )
         self.activation, self.eps = ACTIVATIONS[activation], eps
 
-    def forward(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         f = zero_masked(self.activation(scores), mask)
         return f * torch.rsqrt(f.square().sum(-1, keepdim=True) + self.eps)

@@ -18,6 +18,6 @@ class Sigmoid(Normalizer):
         super().__init__()
         self.bias = bias
 
-    def forward(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         bias = -visible_keys(scores, mask).log() if self.bias is None else self.bias
         return zero_masked(torch.sigmoid(scores + bias), mask)

@@ -14,5 +14,5 @@ from attnlab.norm.base import Normalizer, exp_normalize
 class Softmax(Normalizer):
     sdpa = True
 
-    def forward(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
         return exp_normalize(scores, mask, lambda s: torch.softmax(s, -1))

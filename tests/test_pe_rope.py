@@ -17,7 +17,7 @@ from attnlab.config import ConfigError, build
 from attnlab.model.transformer import attention_mask
 from attnlab.options import variant
 from attnlab.pe.rope import RoPE
-from attnlab.tensors import split_heads
+from attnlab.tensors import float64_home, split_heads
 
 D = SHAPE.head_dim
 LAYOUTS = ["interleaved", "half"]
@@ -224,3 +224,9 @@ def test_in_a_layer_q_and_k_are_rotated_at_their_positions_and_v_is_not(cached):
 def test_bad_options_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         rope(*overrides)
+
+
+def test_float64_tables_are_built_on_the_cpu_for_apples_mps_which_has_no_float64():
+    assert float64_home(torch.device("mps")) == torch.device("cpu")
+    assert float64_home(torch.device("cpu")) == torch.device("cpu")
+    assert float64_home(torch.device("cuda", 1)) == torch.device("cuda", 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 
@@ -23,3 +24,9 @@ def linear(d_in: int, d_out: int, bias: bool, std: float) -> nn.Linear:
     if bias:
         nn.init.zeros_(layer.bias)
     return layer
+
+
+def float64_home(device: torch.device) -> torch.device:
+    """Where float64 work for `device` runs: the device itself, or the CPU for Apple's MPS,
+    which has no float64 (and which `accelerator: auto` picks on a Mac)."""
+    return torch.device("cpu") if device.type == "mps" else device

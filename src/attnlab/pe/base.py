@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.shape import StackShape
+from attnlab.tensors import float64_home
 
 
 class PositionalEncoding(nn.Module):
@@ -79,3 +80,11 @@ def gather_relative(table_scores: Tensor, index: Tensor) -> Tensor:
     """Pick, for each (i, j), column index[i, j] of table_scores [..., Lq, R] -> [..., Lq, Lk]."""
     expanded = index.expand(*table_scores.shape[:-2], *index.shape)
     return torch.gather(table_scores, -1, expanded)
+
+
+def angles(pos: Tensor, dim: int, base: float) -> Tensor:
+    """[L, dim/2] angles p·base^(−2i/dim) of sinusoidal tables (sinusoidal, xl, rope), in
+    float64 so that long positions keep their precision, on `float64_home(pos.device)`."""
+    pos = pos.to(float64_home(pos.device), torch.float64)
+    frequencies = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device) / dim)
+    return pos[:, None] * frequencies[None, :]

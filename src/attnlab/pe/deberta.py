@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from attnlab.config import ConfigError
 from attnlab.pe.base import PositionalEncoding, gather_relative, relative_positions
 from attnlab.shape import StackShape
-from attnlab.tensors import linear, split_heads
+from attnlab.tensors import float64_home, linear, split_heads
 
 TERMS = ("c2p", "p2c")
 
@@ -51,10 +51,11 @@ def log_bucket(rel: Tensor, buckets: int, max_position: int) -> Tensor:
     """DeBERTa v2/v3 `make_log_bucket_position`: rel itself while |rel| ≤ buckets/2, then
     sign(rel)·(mid + ⌈ln(|rel|/mid)/ln((max_position − 1)/mid)·(mid − 1)⌉), mid = buckets/2."""
     mid = buckets // 2
+    device, rel = rel.device, rel.to(float64_home(rel.device))
     size = rel.abs()
     ratio = torch.log(size.clamp_min(mid).double() / mid) / math.log((max_position - 1) / mid)
     far = rel.sign() * (mid + torch.ceil(ratio * (mid - 1)).long())
-    return torch.where(size <= mid, rel, far)
+    return torch.where(size <= mid, rel, far).to(device)
 
 
 def check_sizes(max_relative_positions: int, position_buckets: int) -> None:

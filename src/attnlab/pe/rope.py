@@ -17,16 +17,15 @@ import torch
 from torch import Tensor
 
 from attnlab.config import ConfigError
-from attnlab.pe.base import PositionalEncoding
+from attnlab.pe.base import PositionalEncoding, angles
 from attnlab.shape import StackShape
 
 
 def rotate(x: Tensor, pos: Tensor, base: float, layout: str) -> Tensor:
     """Rotate the last dimension of x [..., L, d] (d even) by positions pos [L]."""
     d = x.shape[-1]
-    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
-    angles = pos.to(torch.float64)[:, None] * theta[None, :]  # [L, d/2]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    theta = angles(pos, d, base)  # [L, d/2], m·θ_i
+    cos, sin = theta.cos().to(x.device, x.dtype), theta.sin().to(x.device, x.dtype)
     if layout == "interleaved":
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)

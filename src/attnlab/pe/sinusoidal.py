@@ -9,18 +9,17 @@ PE_p·PE_q = Σ_i cos((p−q)ω_i) depends only on p − q. No parameters, no le
 import torch
 from torch import Tensor
 
-from attnlab.pe.base import PositionalEncoding
+from attnlab.pe.base import PositionalEncoding, angles
 
 
 def sinusoids(
     pos: Tensor, dim: int, dtype: torch.dtype, interleaved: bool = True, base: float = 10000.0
 ) -> Tensor:
     """[L, dim] table: interleaved (sin, cos) pairs, or [sin | cos] halves (computed in float64)."""
-    omega = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device) / dim)
-    angles = pos.to(torch.float64)[:, None] * omega[None, :]
-    sin, cos = angles.sin(), angles.cos()
+    theta = angles(pos, dim, base)  # [L, dim/2], p·ω_i
+    sin, cos = theta.sin(), theta.cos()
     table = torch.stack((sin, cos), -1).flatten(-2) if interleaved else torch.cat((sin, cos), -1)
-    return table.to(dtype)
+    return table.to(pos.device, dtype)
 
 
 class SinusoidalPE(PositionalEncoding):

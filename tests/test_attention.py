@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import SHAPE, make_parts, small_variant
 
-from attnlab.attention.core import Compute, attend
+from attnlab.attention.core import Compute, attend, flex_path
 from attnlab.model.transformer import attention_mask
 from attnlab.options import options, variant
 
@@ -134,3 +134,46 @@ def test_attention_in_recomputed_query_blocks_equals_whole_sequence_attention(
     torch.testing.assert_close(blocks, whole)
     for block_grad, whole_grad in zip(block_grads, whole_grads, strict=True):
         torch.testing.assert_close(block_grad, whole_grad)
+
+
+FLEX_PES = {
+    "t5": small_variant("pe", "t5"),
+    "alibi": small_variant("pe", "alibi"),
+    "shaw key only": variant("pe", "shaw", "value_term=false"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("queries", ["all", "a block"])
+@pytest.mark.parametrize("pe", FLEX_PES)
+def test_flex_attention_computes_what_the_plain_path_computes(pe, queries, causal):
+    torch.manual_seed(0)
+    parts = make_parts(FLEX_PES[pe], "softmax", "dot").double()
+    assert parts.flex()
+    x, q, k, v, padding = (t.detach() for t in inputs())
+    padding[2] = True  # a row of queries with no visible key
+    k_pos = torch.arange(x.shape[1])
+    q_pos = k_pos if queries == "all" else k_pos[2:6]
+    x, q = x[:, q_pos], q[:, :, q_pos]
+    mask = attention_mask(q_pos, k_pos, padding, causal)
+    with torch.no_grad():  # FlexAttention has no backward pass on the CPU
+        flex = flex_path(parts, 1, q, k, v, q_pos, k_pos, mask, compiled=False)
+        plain = attend(parts, 1, x, q, k, v, q_pos, k_pos, mask, Compute(fast=False))
+    torch.testing.assert_close(flex, plain)
+    assert torch.equal(flex[2], torch.zeros_like(flex[2]))
+
+
+def test_flex_attention_is_chosen_for_softmax_with_t5_alibi_or_shaws_key_term_only():
+    chosen = {
+        (pe, norm, synthesizer)
+        for pe, norm, synthesizer in itertools.product(
+            [*options("pe"), "shaw key only"], options("norm"), options("synthesizer")
+        )
+        if make_parts(
+            FLEX_PES.get(pe) or small_variant("pe", pe),
+            norm,
+            small_variant("synthesizer", synthesizer),
+        ).flex()
+    }
+    assert chosen == {(pe, "softmax", "dot") for pe in ("t5", "alibi", "shaw key only")}

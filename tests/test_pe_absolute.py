@@ -18,7 +18,6 @@ from attnlab.model.transformer import Stack
 from attnlab.options import variant
 
 D = SHAPE.d_model
-HOOKS = ("rotate", "scale", "score_bias", "reweight", "value_term")
 
 STANDARD = variant("block", "standard")
 
@@ -100,7 +99,7 @@ def test_sinusoidal_embed_adds_the_table_and_has_no_parameters():
         out = module.embed(x, torch.tensor(positions))
         torch.testing.assert_close(out - x, paper_table(positions, D).expand_as(x))
     assert list(module.parameters()) == []
-    assert not any(module.overrides(hook) for hook in HOOKS)
+    assert not module.acts_in_attention
 
 
 # ---------------------------------------------------------------- learned
@@ -115,7 +114,7 @@ def test_learned_embed_adds_table_row_p_at_position_p():
     for start in (0, 3, 27):
         pos = torch.arange(start, start + 5)
         torch.testing.assert_close(module.embed(x, pos), x + table[start : start + 5])
-    assert not any(module.overrides(hook) for hook in HOOKS)
+    assert not module.acts_in_attention
 
 
 def test_the_learned_table_gets_gradients_only_at_the_positions_used():

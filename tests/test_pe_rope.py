@@ -21,7 +21,6 @@ from attnlab.tensors import float64_home, split_heads
 
 D = SHAPE.head_dim
 LAYOUTS = ["interleaved", "half"]
-HOOKS = ("embed", "rotate", "scale", "score_bias", "reweight", "value_term")
 
 
 def rope(*overrides: str, shape=SHAPE) -> RoPE:
@@ -176,7 +175,7 @@ def test_the_base_option_sets_theta(layout):
 def test_the_yaml_defaults_rotate_the_whole_head_interleaved_with_base_10000():
     pe = rope()
     assert (pe.base, pe.rotary_dim, pe.layout) == (10000.0, D, "interleaved")
-    assert [hook for hook in HOOKS if pe.overrides(hook)] == ["rotate"]
+    assert pe.rotates and not (pe.adds_score_terms or pe.post_normalization)
     assert list(pe.parameters()) == []
 
 

@@ -15,12 +15,17 @@ with no q·k (random, dense, factorized, their mixtures) could reach SDPA only t
 and k with its logits as the mask; on CPU that is 1.2-1.7× slower than the plain path, with
 no memory saved (measured at L = 512 and 1024), so it takes the plain path.
 
+On CUDA, softmax with a PE score term that FlexAttention can read per (i, j) (t5, alibi,
+shaw's key term; `pe.flex`) takes FlexAttention instead (`attention/flex.py`): the term and
+the mask stay inside the kernel, with no [Lq, Lk] tensor; without attention dropout only,
+and not for single-query decoding steps. Its forward pass is tested against the plain path.
+
 Long sequences in training can attend in blocks of queries (`chunk`), each block recomputed
 in the backward pass (Rabe & Staats 2021, "Self-attention does not need O(n²) memory",
 arXiv 2112.05682): every term above is row-local given absolute positions, so blocks need no
 special case, and no [Lq, Lk] matrix of the whole sequence is kept for the backward pass.
-Blocks are skipped where SDPA's fused kernel already keeps none (softmax, a plain dot
-product, no PE score term).
+Blocks are skipped where a fused kernel already keeps none (SDPA with softmax, a plain dot
+product and no PE score term; FlexAttention).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from attnlab.attention.flex import BlockMasks, flex_attend
 from attnlab.config import build
 from attnlab.norm.base import Normalizer
 from attnlab.pe.base import PositionalEncoding
@@ -43,11 +49,13 @@ from attnlab.tensors import linear, merge_heads, split_heads
 @dataclass(frozen=True)
 class Compute:
     """How attention is computed, never what: dropout on the weights, whether the fused SDPA
-    path may be used, and the query block size for long sequences in training."""
+    path and (on CUDA) FlexAttention may be used, and the query block size for long
+    sequences in training."""
 
     dropout: float = 0.0
     fast: bool = True
     chunk: int | None = None
+    flex: bool = True
 
     def at(self, training: bool) -> Compute:
         """This computation in a module's mode: no dropout outside training."""
@@ -60,6 +68,7 @@ class AttentionParts(nn.Module):
     def __init__(self, pe: PositionalEncoding, norm: Normalizer, synthesizer: Synthesizer) -> None:
         super().__init__()
         self.pe, self.norm, self.synthesizer = pe, norm, synthesizer
+        self.block_masks = BlockMasks()  # FlexAttention's, shared by the stack's layers
 
     @classmethod
     def from_config(
@@ -88,6 +97,11 @@ class AttentionParts(nn.Module):
         """Whether SDPA computes it from q, k and v alone: no [Lq, Lk] tensor is formed."""
         return self.fast() and self.synthesizer.plain_dot and not self.pe.adds_score_terms
 
+    def flex(self) -> bool:
+        """Whether FlexAttention computes it: softmax of q·k plus a score term it can read."""
+        plain_softmax = self.fast() and self.synthesizer.plain_dot
+        return plain_softmax and self.pe.adds_score_terms and self.pe.flex
+
 
 def _add(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     if a is None or b is None:
@@ -115,7 +129,8 @@ def attend(
     training attends in recomputed blocks of that many queries (see the module docstring).
     """
     n, chunk = q_pos.shape[0], compute.chunk
-    fused = compute.fast and parts.fused()
+    flex = compute.flex and v.is_cuda and n > 1 and not compute.dropout and parts.flex()
+    fused = flex or (compute.fast and parts.fused())
     if chunk is not None and n > chunk and torch.is_grad_enabled() and not fused:
         whole = replace(compute, chunk=None)
         blocks = []
@@ -126,6 +141,8 @@ def attend(
             args = (x[:, rows], block_q, k, v, q_pos[rows], k_pos, block_mask, whole)
             blocks.append(checkpoint(attend, parts, layer, *args, use_reentrant=False))
         return torch.cat(blocks, 2)
+    if flex:
+        return flex_path(parts, layer, q, k, v, q_pos, k_pos, mask)
     synthesis = parts.synthesizer(x, q_pos, k_pos, layer)
     extra = _add(synthesis.logits, parts.pe.score_bias(q, k, q_pos, k_pos, layer))
     if synthesis.dot is not None and compute.fast and parts.fast():
@@ -138,6 +155,24 @@ def attend(
     weights = _weights(parts, layer, synthesis.dot, extra, q, k, q_pos, k_pos, mask)
     weights = F.dropout(weights, compute.dropout, training=compute.dropout > 0)
     return _add(torch.matmul(weights, v), parts.pe.value_term(weights, q_pos, k_pos, layer))
+
+
+def flex_path(
+    parts: AttentionParts,
+    layer: int,
+    q: Tensor | None,
+    k: Tensor | None,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    mask: Tensor | None,
+    compiled: bool = True,
+) -> Tensor:
+    """`attend` by FlexAttention, where `parts.flex()`; `compiled=False` for CPU tests."""
+    assert q is not None and k is not None
+    block = None if mask is None else parts.block_masks(mask, q.shape[2], k.shape[2])
+    score_mod = parts.pe.score_mod(q, q_pos, k_pos, layer)
+    return flex_attend(q, k, v, score_mod, block, parts.pe.scale(q.shape[-1]), compiled)
 
 
 def attention_weights(

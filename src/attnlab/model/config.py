@@ -54,6 +54,7 @@ class ModelConfig:
     tie_embeddings: bool = True  # share input and output embeddings where vocabularies match
     cross_pe: bool = False  # apply the PE to cross-attention too (T5 does not)
     fast_attention: bool = True  # use F.scaled_dot_product_attention where it applies
+    flex_attention: bool = True  # on CUDA, FlexAttention for softmax with t5/alibi/shaw terms
     attention_chunk: int | None = 512  # training attends in recomputed blocks of this many queries
     layer_norm_eps: float = 1e-5
 
@@ -102,7 +103,9 @@ class ModelConfig:
 
     @property
     def compute(self) -> Compute:
-        return Compute(self.attn_dropout, self.fast_attention, self.attention_chunk)
+        return Compute(
+            self.attn_dropout, self.fast_attention, self.attention_chunk, self.flex_attention
+        )
 
     @property
     def decoder_layers(self) -> int:

@@ -14,7 +14,8 @@ ALiBi extrapolates to sequences longer than any seen in training.
 Convention: the official fairseq code adds +m_h·j instead, which differs from −m_h·(i − j)
 by the per-row constant m_h·i. That trick is only valid for normalizers invariant to a
 per-row shift (softmax, exp-L2); under relu², sigmoid or swish-L2 it changes the weights, so
-the true bias is used here for every normalizer. Content-free: softmax keeps the SDPA path.
+the true bias is used here for every normalizer. Content-free: softmax keeps the SDPA path,
+or on CUDA FlexAttention, which computes −m_h·|i − j| per (i, j) (`score_mod`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.pe.base import PositionalEncoding, relative_positions
+from attnlab.pe.base import PositionalEncoding, ScoreMod, relative_positions
 from attnlab.shape import StackShape
 
 
@@ -38,6 +39,9 @@ def alibi_slopes(n_heads: int) -> list[float]:
 
 
 class ALiBi(PositionalEncoding):
+    adds_score_terms = True
+    flex = True
+
     def __init__(self, shape: StackShape) -> None:
         super().__init__(shape)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(shape.n_heads)), persistent=False)
@@ -48,3 +52,9 @@ class ALiBi(PositionalEncoding):
         """[1, H, Lq, Lk] = −m_h·|i − j|."""
         distance = relative_positions(q_pos, k_pos).abs()
         return -(self.slopes[:, None, None] * distance)[None]
+
+    def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:
+        def subtract_distance(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            return score - self.slopes[h] * (k_pos[j] - q_pos[i]).abs()
+
+        return subtract_distance

@@ -13,9 +13,17 @@ A variant overrides only the hooks it needs (`q`, `k`: [B, H, L, d_h]; positions
 `score_bias` and `value_term` return None when they add nothing. Relative positions are
 built from the absolute `q_pos` and `k_pos`, so the same code serves full sequences,
 cached decoding (one query at position t) and cross-attention.
+
+What a variant does is declared in class attributes (`rotates`, `adds_score_terms`,
+`post_normalization`, `needs_query`, `needs_key`, `flex`), which the attention core reads
+to choose how to compute; a test checks each declaration against what the hooks do.
+A variant whose score term FlexAttention can compute from positions and small tables
+(t5, alibi, shaw's key term) sets `flex` and gives that term as a `score_mod` too.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -23,30 +31,28 @@ from torch import Tensor, nn
 from attnlab.shape import StackShape
 from attnlab.tensors import float64_home
 
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+"""FlexAttention's score_mod: (score, batch, head, query index, key index) -> score."""
+
 
 class PositionalEncoding(nn.Module):
     max_len: int | None = None  # positions must be < max_len; None: unbounded
     max_len_option = "max_len"  # the option that sets max_len, for error messages
+    rotates = False  # rotate changes q and k
+    adds_score_terms = False  # score_bias returns a term (then no fused SDPA kernel holds it)
+    post_normalization = False  # reweight or value_term acts: no SDPA path at all
     needs_query = False  # score_bias reads q
     needs_key = False  # score_bias reads k
-    post_normalization = False  # reweight or value_term is active: no fused SDPA path
+    flex = False  # score_mod gives score_bias's term to FlexAttention
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()
         self.shape = shape
 
-    def overrides(self, hook: str) -> bool:
-        return getattr(type(self), hook) is not getattr(PositionalEncoding, hook)
-
-    @property
-    def adds_score_terms(self) -> bool:
-        """Whether it adds to the scores (then they cannot stay inside a fused kernel)."""
-        return self.overrides("score_bias")
-
     @property
     def acts_in_attention(self) -> bool:
-        """Whether any hook besides `embed` does something (cross-attention has no embed)."""
-        return any(map(self.overrides, ("rotate", "scale", "score_bias", "reweight", "value_term")))
+        """Whether it does anything inside attention (cross-attention has no `embed`)."""
+        return self.rotates or self.adds_score_terms or self.post_normalization
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         return x
@@ -61,6 +67,10 @@ class PositionalEncoding(nn.Module):
         self, q: Tensor | None, k: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> Tensor | None:
         return None
+
+    def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:
+        """`score_bias` as a FlexAttention score_mod, for variants that set `flex`."""
+        raise NotImplementedError(f"{type(self).__name__} gives no score_mod")
 
     def reweight(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
         return weights

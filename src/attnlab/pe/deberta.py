@@ -84,6 +84,8 @@ def parse_terms(pos_att_type: str | Sequence[str]) -> tuple[str, ...]:
 
 
 class DeBERTa(PositionalEncoding):
+    adds_score_terms = True
+
     def __init__(
         self,
         shape: StackShape,

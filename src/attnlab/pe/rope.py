@@ -34,6 +34,8 @@ def rotate(x: Tensor, pos: Tensor, base: float, layout: str) -> Tensor:
 
 
 class RoPE(PositionalEncoding):
+    rotates = True
+
     def __init__(
         self,
         shape: StackShape,

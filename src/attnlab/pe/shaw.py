@@ -13,7 +13,8 @@ variance scaling, fan_avg, gain 1). No absolute PE is added (T2T sets `pos=None`
 No [Lq, Lk, d] tensor is formed: the key term gathers q·(w^K)ᵀ [B, H, Lq, 2K+1] at
 clip(j − i) + K, and the value term sums the weights of each query into 2K+1 buckets before
 multiplying by w^V. The value term acts after the normalizer, so it needs the plain path;
-`value_term=False` (key-only Shaw) keeps the fused SDPA path. The value term adds
+`value_term=False` (key-only Shaw) keeps the fused SDPA path, or on CUDA FlexAttention,
+which reads q·(w^K)ᵀ at clip(j − i) + K per (i, j) (`score_mod`). The value term adds
 Σ_j weights_ij a^V_ij, which varies with i even when all v_j are equal: unlike score-only
 relative PEs, it can solve the position probe (Su 2022, kexue.fm/archives/9105).
 """
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import ConfigError
-from attnlab.pe.base import PositionalEncoding, gather_relative, relative_positions
+from attnlab.pe.base import PositionalEncoding, ScoreMod, gather_relative, relative_positions
 from attnlab.shape import StackShape
 
 
@@ -47,7 +48,9 @@ def glorot_table(rows: int, width: int) -> nn.Parameter:
 
 
 class ShawPE(PositionalEncoding):
+    adds_score_terms = True
     needs_query = True
+    flex = True
 
     def __init__(
         self, shape: StackShape, max_relative_position: int = 20, value_term: bool = True
@@ -73,10 +76,21 @@ class ShawPE(PositionalEncoding):
     def score_bias(
         self, q: Tensor | None, k: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> Tensor:
-        assert q is not None
         index = clipped_index(q_pos, k_pos, self.max_relative_position)
-        q_w = torch.matmul(q * self.scale(q.shape[-1]), self.w_k[layer].t())  # [B, H, Lq, 2K+1]
-        return gather_relative(q_w, index)
+        return gather_relative(self.key_terms(q, layer), index)
+
+    def key_terms(self, q: Tensor | None, layer: int) -> Tensor:
+        """q·(w^K)ᵀ/√d_h [B, H, Lq, 2K+1]: each query's key term at every clipped distance."""
+        assert q is not None
+        return torch.matmul(q * self.scale(q.shape[-1]), self.w_k[layer].t())
+
+    def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:
+        q_w, k = self.key_terms(q, layer), self.max_relative_position
+
+        def add_key_term(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            return score + q_w[b, h, i, (k_pos[j] - q_pos[i]).clamp(-k, k) + k]
+
+        return add_key_term
 
     def value_term(
         self, weights: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int

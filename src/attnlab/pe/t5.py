@@ -15,7 +15,8 @@ layer, so here the same table serves every `layer`. Initialized N(0, d_model^(�
 does (`initializer_factor` 1). Convention: T5 has no 1/√d_h and folds it into the init of
 W_q; attnlab keeps the explicit 1/√d_h (the default `scale`), so that only the position term
 differs between PEs. T5 puts no bias on cross-attention: keep model.cross_pe=false.
-The bias is content-free, so softmax attention keeps the fused SDPA path.
+The bias is content-free, so softmax attention keeps the fused SDPA path, or on CUDA
+FlexAttention, which reads b_h[bucket(j − i)] per (i, j) (`score_mod`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import ConfigError
-from attnlab.pe.base import PositionalEncoding, relative_positions
+from attnlab.pe.base import PositionalEncoding, ScoreMod, relative_positions
 from attnlab.shape import StackShape
 
 
@@ -50,6 +51,9 @@ def relative_position_bucket(
 
 
 class T5PE(PositionalEncoding):
+    adds_score_terms = True
+    flex = True
+
     def __init__(self, shape: StackShape, num_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__(shape)
         bidirectional = not shape.causal
@@ -77,10 +81,15 @@ class T5PE(PositionalEncoding):
         self, q: Tensor | None, k: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> Tensor:
         """[1, H, Lq, Lk], the same for every layer."""
-        buckets = relative_position_bucket(
-            relative_positions(q_pos, k_pos),
-            self.bidirectional,
-            self.num_buckets,
-            self.max_distance,
+        return self.table[self.bucket(relative_positions(q_pos, k_pos))].permute(2, 0, 1)[None]
+
+    def bucket(self, rel: Tensor) -> Tensor:
+        return relative_position_bucket(
+            rel, self.bidirectional, self.num_buckets, self.max_distance
         )
-        return self.table[buckets].permute(2, 0, 1)[None]
+
+    def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:
+        def add_bias(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            return score + self.table[self.bucket(k_pos[j] - q_pos[i]), h]
+
+        return add_bias

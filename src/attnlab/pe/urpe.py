@@ -17,8 +17,8 @@ ones, so training starts exactly at the base PE's attention. C multiplies after 
 normalizer and before attention dropout; masked keys already have weight 0, as the official
 code zeroes C at padding. The bucketed C and --ur-attn-with-relu are not implemented.
 
-URPE delegates embed, rotate, scale and score_bias (and needs_query, needs_key) to its base
-and builds the base itself. It bounds positions to the smaller of its own max_len and the
+URPE delegates embed, rotate, scale and score_bias to its base, builds the base itself and
+declares what the base does (rotates, adds_score_terms, needs_query, needs_key). It bounds positions to the smaller of its own max_len and the
 base's. Acting after the normalizer, it always takes the plain path, never SDPA.
 """
 
@@ -55,6 +55,7 @@ class URPE(PositionalEncoding):
                 self.base.max_len,
                 f"base.{self.base.max_len_option}",
             )
+        self.rotates, self.adds_score_terms = self.base.rotates, self.base.adds_score_terms
         self.needs_query, self.needs_key = self.base.needs_query, self.base.needs_key
         self.table = nn.Parameter(torch.ones(2 * self.max_len - 1, shape.n_heads))
 

@@ -63,6 +63,7 @@ def rel_shift_bidirectional(x: Tensor) -> Tensor:
 
 
 class TransformerXLPE(PositionalEncoding):
+    adds_score_terms = True
     needs_query = True
     needs_key = True
 

@@ -7,8 +7,10 @@ import itertools
 import pytest
 import torch
 from helpers import small_variant
+from torch.overrides import TorchFunctionMode
 
 from attnlab.decoding import (
+    CHECK_EVERY,
     DecodeConfig,
     Sampler,
     beam_search,
@@ -172,3 +174,38 @@ def test_sampling_is_reproducible_with_its_seed():
 
     assert sample(3) == sample(3)
     assert sample(3) != sample(4), "another seed draws other tokens"
+
+
+HOST_SYNCS = {"item", "tolist", "__bool__", "__int__", "__float__", "nonzero", "cpu", "numpy"}
+
+
+class CountHostSyncs(TorchFunctionMode):
+    """Counts the calls that copy a result to the host (and on a GPU wait for it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", "") in HOST_SYNCS
+        return func(*args, **(kwargs or {}))
+
+
+def host_syncs(search: str, steps: int) -> int:
+    net = model("none")
+    src, padding = batch()
+    limits = torch.full((src.shape[0],), steps)
+    with CountHostSyncs() as syncs:
+        if search == "greedy":
+            hypotheses = greedy(net, src, padding, BOS, EOS, limits, no_repeat_ngram=2)
+        else:
+            hypotheses = beam_search(net, src, padding, BOS, EOS, limits, 4, 0.6, True, 2)
+    assert max(map(len, hypotheses)) > steps * 3 // 4  # the untrained model rarely ends
+    return syncs.count
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_decoding_syncs_with_the_host_every_few_steps_not_at_every_step(search):
+    extra_steps = 40
+    extra_syncs = host_syncs(search, 40 + extra_steps) - host_syncs(search, 40)
+    assert extra_syncs <= extra_steps // CHECK_EVERY <= extra_steps // 4

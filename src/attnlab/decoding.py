@@ -10,6 +10,11 @@ finalizes those that end in EOS among the top `beam` candidates (as fairseq does
 sentence once it has `beam` finished hypotheses, and ranks them by
 log p(y) / lp(y), lp(y) = ((5 + |y|)/6)^α (GNMT's length penalty, α = length_penalty;
 |y| counts EOS). With beam = 1 it returns exactly the greedy hypotheses.
+
+The loops stay on the device: finished hypotheses are kept in tensors, n-gram bans are a
+scatter, and whether every sentence is done is asked of the device only every `CHECK_EVERY`
+steps (a sentence that is done keeps being extended with forced EOS, which changes
+nothing). A batch syncs with the host about every CHECK_EVERY steps and once at its end.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from attnlab.config import ConfigError, is_number, require_counts
 from attnlab.model.transformer import EncoderDecoder
 
 STRATEGIES = ("greedy", "beam", "top_k", "nucleus")
+CHECK_EVERY = 8  # steps between asking the device whether every sentence is done
 
 
 @dataclass(frozen=True)
@@ -112,8 +118,8 @@ def block_repeats(log_probs: Tensor, tokens: Tensor, n: int) -> Tensor:
         return log_probs
     grams = tokens.unfold(1, n, 1)  # [N, t - n + 1, n]
     seen = (grams[..., :-1] == tokens[:, None, tokens.shape[1] - n + 1 :]).all(-1)
-    rows, starts = seen.nonzero(as_tuple=True)
-    return log_probs.index_put((rows, grams[rows, starts, -1]), log_probs.new_tensor(float("-inf")))
+    banned = torch.zeros_like(log_probs).scatter_add_(1, grams[..., -1], seen.to(log_probs.dtype))
+    return log_probs.masked_fill(banned > 0, float("-inf"))
 
 
 def sampling_filter(log_probs: Tensor, top_k: int | None, top_p: float | None) -> Tensor:
@@ -151,7 +157,7 @@ def greedy(
         next_tokens = log_probs.argmax(-1) if sampler is None else sampler(log_probs)
         tokens = torch.cat((tokens, next_tokens[:, None]), 1)
         finished |= next_tokens == eos
-        if finished.all():
+        if step % CHECK_EVERY == CHECK_EVERY - 1 and finished.all():
             break
     return [until_eos(row, eos) for row in tokens[:, 1:].tolist()]
 
@@ -174,6 +180,53 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
+@dataclass
+class Finished:
+    """Each sentence's finished hypotheses, on the device: at most k per sentence, in the
+    order found, with log p(y); slot k receives the candidates that are not kept."""
+
+    log_probs: Tensor  # [batch, k + 1]
+    tokens: Tensor  # [batch, k + 1, longest], EOS excluded
+    lengths: Tensor  # [batch, k + 1]
+    count: Tensor  # [batch]
+
+    @classmethod
+    def empty(cls, batch: int, k: int, longest: int, like: Tensor) -> Finished:
+        return cls(
+            torch.full((batch, k + 1), float("-inf"), device=like.device),
+            like.new_zeros(batch, k + 1, longest),
+            like.new_zeros(batch, k + 1),
+            like.new_zeros(batch),
+        )
+
+    def add(self, ends: Tensor, log_probs: Tensor, prefixes: Tensor) -> None:
+        """Keep the candidates where `ends` [batch, k], in order while a sentence has room,
+        with their `log_probs` [batch, k] and tokens before EOS `prefixes` [batch, k, t]."""
+        k, t = ends.shape[1], prefixes.shape[2]
+        slot = self.count[:, None] + ends.cumsum(1) - 1
+        slot = torch.where(ends & (slot < k), slot, k)
+        self.log_probs.scatter_(1, slot, log_probs)
+        self.tokens[:, :, :t].scatter_(1, slot[..., None].expand(-1, -1, t), prefixes)
+        self.lengths.scatter_(1, slot, torch.full_like(slot, t))
+        self.count = (self.count + ends.sum(1)).clamp_max(k)
+
+    def best(self, alpha: float) -> list[list[int]]:
+        """Each sentence's hypothesis of the highest log p(y) / lp(y), read once at the end."""
+        rows = zip(
+            self.count.tolist(), self.log_probs.tolist(), self.tokens.tolist(),
+            self.lengths.tolist(), strict=True,
+        )  # fmt: skip
+        return [
+            max(
+                (log_p / length_penalty(n + 1, alpha), hypothesis[:n])
+                for log_p, hypothesis, n in zip(
+                    log_ps[:count], tokens[:count], lengths[:count], strict=True
+                )
+            )[1]
+            for count, log_ps, tokens, lengths in rows
+        ]
+
+
 @torch.no_grad()
 def beam_search(
     model: EncoderDecoder,
@@ -193,9 +246,10 @@ def beam_search(
     scores = torch.zeros(batch, k, device=src.device)
     scores[:, 1:] = float("-inf")  # the k copies start identical: expand only the first
     row_limits = limits.repeat_interleave(k)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+    steps = int(limits.max()) + 1
+    finished = Finished.empty(batch, k, steps, tokens)
     base = torch.arange(batch, device=src.device)[:, None] * k
-    for step in range(int(limits.max()) + 1):
+    for step in range(steps):
         log_probs = block_repeats(decoder.log_probs(tokens), tokens, no_repeat_ngram)
         log_probs = force_eos(log_probs, step >= row_limits, eos)
         vocab = log_probs.shape[-1]
@@ -203,12 +257,11 @@ def beam_search(
         top_scores, top_index = candidates.topk(2 * k, dim=1)
         origin, token = top_index // vocab, top_index % vocab
         is_eos = token == eos
-        for b, j in (is_eos[:, :k] & torch.isfinite(top_scores[:, :k])).nonzero().tolist():
-            if len(finished[b]) < k:
-                prefix = tokens[base[b, 0] + origin[b, j], 1:].tolist()
-                score = top_scores[b, j].item() / length_penalty(len(prefix) + 1, alpha)
-                finished[b].append((score, prefix))
-        if all(len(f) >= k for f in finished):
+        # EOS among the k best finishes a hypothesis (as in fairseq); |y| counts the EOS
+        ends = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])
+        prefixes = tokens[(base + origin[:, :k]).view(-1), 1:].view(batch, k, step)
+        finished.add(ends, top_scores[:, :k], prefixes)
+        if step % CHECK_EVERY == CHECK_EVERY - 1 and bool((finished.count >= k).all()):
             break
         # the k best candidates that do not end in EOS carry on (at most k of the 2k do)
         order = torch.argsort(is_eos.int() * 2 * k + torch.arange(2 * k, device=src.device), 1)[
@@ -218,7 +271,7 @@ def beam_search(
         tokens = torch.cat((tokens[rows], token.gather(1, order).view(-1, 1)), 1)
         scores = top_scores.gather(1, order)
         decoder.reorder(rows)
-    return [max(f)[1] for f in finished]
+    return finished.best(alpha)
 
 
 def generate(

@@ -7,19 +7,19 @@ TORCH_VERSION ?= 2.13.0
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-fast lint format clean compare bench-attention bench-translation
+.PHONY: help install train test test-fast lint format clean compare bench-attention bench-translation bench-gpu
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
-install: $(VENV)/.installed ## create .venv with the pinned CPU torch, then the package (editable, dev extras)
+install: $(VENV)/.installed ## create .venv with the pinned CPU torch, then the package (editable, dev and bench extras)
 
 # torch first: installing lightning or torchmetrics without it pulls a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $@
 
 train: install ## train the default configuration (the position probe; no download)
@@ -53,3 +53,9 @@ bench-attention: install ## time and memory of every attention variant -> BENCHM
 bench-translation: install ## translation speed (vs torch.nn.Transformer) and 30-min quality -> BENCHMARKS.md
 	$(PY) benchmarks/translation.py speed
 	$(PY) benchmarks/translation.py quality
+
+bench-gpu: install ## on a CUDA machine: FlexAttention check, speed vs nn.Transformer and x-transformers, variants, decoding -> BENCHMARKS.md
+	$(PY) benchmarks/gpu.py check
+	$(PY) benchmarks/gpu.py speed
+	$(PY) benchmarks/gpu.py variants
+	$(PY) benchmarks/gpu.py decode

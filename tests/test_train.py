@@ -83,7 +83,7 @@ def test_a_multirun_writes_every_job_into_one_sweep_directory(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_over_two_cpu_processes_trains_and_tests(tmp_path):
+def test_ddp_over_two_cpu_processes_trains_tests_and_leaves_a_checkpoint_for_one_cpu(tmp_path):
     result = subprocess.run(
         [
             sys.executable, "train.py", "trainer=ddp_cpu", "trainer.max_epochs=1", *TINY,
@@ -97,6 +97,15 @@ def test_ddp_over_two_cpu_processes_trains_and_tests(tmp_path):
     assert "test/acc" in result.stdout and "sync_dist=True" not in result.stderr
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1, "only rank zero logs"
     assert status.read(tmp_path).state == "completed"
+    evaluated = subprocess.run(
+        [
+            sys.executable, "eval.py", f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}",
+            "trainer=cpu", *QUIET_OUTPUT, f"hydra.run.dir={tmp_path / 'eval'}",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "test/acc" in evaluated.stdout, "the DDP checkpoint is evaluated in one CPU process"
 
 
 def test_a_diverging_run_stops_with_one_sentence_and_records_it(make_config, tmp_path):

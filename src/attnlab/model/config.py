@@ -57,6 +57,7 @@ class ModelConfig:
     flex_attention: bool = True  # on CUDA, FlexAttention for softmax with t5/alibi/shaw terms
     attention_chunk: int | None = 512  # training attends in recomputed blocks of this many queries
     layer_norm_eps: float = 1e-5
+    compile: bool = False  # torch.compile the network's forward (training and validation loss)
 
     def __post_init__(self) -> None:
         sizes = ("d_model", "n_heads", "n_layers", "d_ff")

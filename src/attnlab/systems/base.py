@@ -36,6 +36,8 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
 
 
 class System(L.LightningModule):
+    net: nn.Module  # the network the subclass builds from `architecture`
+
     def __init__(self, architecture: dict, optim: dict) -> None:
         super().__init__()
         # the subclass's arguments too; loggers get the run's config instead (train.py), and
@@ -44,6 +46,13 @@ class System(L.LightningModule):
         check_optim(**optim)  # before any work, not when training starts
         self.optim = dict(optim)
         self.architecture = Architecture.from_config(architecture)
+
+    def configure_model(self) -> None:
+        """With model.compile, torch.compile the network's forward in place (parameter
+        names and checkpoints unchanged); decoding's encode/decode steps stay eager, since
+        their shapes change at every step."""
+        if self.architecture.model.compile:
+            self.net.compile()
 
     def configure_optimizers(self) -> dict:
         return configure_adamw(self, int(self.trainer.estimated_stepping_batches), **self.optim)

@@ -1,0 +1,47 @@
+"""The permutation study's facts (attnlab.studies.permutation), asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnlab.options import options
+from attnlab.studies.permutation import EXACT, PROPERTIES, configurations, measure, predict
+
+CONFIGURATIONS = {label: (choice, causal) for label, choice, causal in configurations()}
+
+
+@pytest.mark.parametrize("label", CONFIGURATIONS)
+def test_every_measured_symmetry_is_the_predicted_one(label):
+    choice, causal = CONFIGURATIONS[label]
+    measured, predicted = measure(choice, causal), predict(choice, causal)
+    for name in PROPERTIES:
+        if measured[name] is not None:
+            assert (measured[name] < EXACT) == predicted[name], (name, measured[name])
+
+
+def holds(label: str) -> dict[str, bool | None]:
+    measured = measure(*CONFIGURATIONS[label])
+    return {name: None if value is None else value < EXACT for name, value in measured.items()}
+
+
+@pytest.mark.parametrize("norm", options("norm"))
+def test_without_positions_every_normalizer_keeps_the_set_symmetries(norm):
+    found = holds(f"norm={norm}")
+    assert found["keys"] and found["queries"] and found["stack"]
+    assert found["key bias"] == (norm in ("softmax", "l2"))  # invariant to a per-row shift
+    assert found["value bias"] == (norm == "softmax")  # rows sum to 1
+
+
+def test_a_causal_mask_and_every_pe_break_the_stacks_equivariance():
+    assert not any(holds("causal mask")[name] for name in ("keys", "queries", "stack"))
+    for pe in options("pe"):
+        if pe != "none":
+            assert not holds(f"pe={pe}")["stack"], pe
+
+
+def test_position_indexed_synthesizers_break_the_key_symmetry_and_random_the_query_one():
+    for synthesizer in options("synthesizer"):
+        if synthesizer != "dot":
+            assert not holds(f"synthesizer={synthesizer}")["keys"], synthesizer
+    assert holds("synthesizer=dense")["queries"]  # its rows come from the query token alone
+    assert not holds("synthesizer=random")["queries"]

@@ -25,6 +25,7 @@ MAX_LEN = 24
 SMALL = {
     "dense": ("max_len=24",),
     "random": ("max_len=24",),
+    "random_fixed": ("max_len=24",),
     "factorized_dense": ("max_len=24", "a=4", "b=6"),
     "factorized_random": ("max_len=24", "k=3"),
     "mixture": ("components.0.max_len=24", "components.1.max_len=24"),
@@ -114,7 +115,12 @@ def test_random_logits_are_R_at_the_query_and_key_positions():
 
 
 def test_fixed_random_has_no_trainable_parameters_but_is_in_the_state_dict():
-    fixed = build(node("random", "trainable=false"), shape=SHAPE)
+    assert node("random_fixed") == {
+        **node("random", "trainable=false"),
+        "name": "random_fixed",
+        "description": node("random_fixed")["description"],
+    }
+    fixed = build(node("random_fixed"), shape=SHAPE)
     assert list(fixed.parameters()) == []
     assert set(fixed.state_dict()) == {"r"}
     other = build(node("random", "trainable=false"), shape=SHAPE)

@@ -117,7 +117,9 @@ def bias_deviations(parts: AttentionParts, causal: bool, x, q, k, v, out) -> dic
     no score reads k). Value bias: the distance from out + b."""
     b_k = torch.randn(1, SHAPE.n_heads, 1, SHAPE.head_dim, dtype=torch.float64, requires_grad=True)
     key_biased = layer(parts, causal, x, q, k + b_k, v)
-    (gradient,) = torch.autograd.grad(key_biased.square().sum(), b_k, allow_unused=True)
+    gradient = None
+    if key_biased.requires_grad:  # else nothing trainable, b included, reaches the output
+        (gradient,) = torch.autograd.grad(key_biased.square().sum(), b_k, allow_unused=True)
     largest_gradient = 0.0 if gradient is None else gradient.abs().max().item()
     b_v = torch.randn(1, SHAPE.n_heads, 1, SHAPE.head_dim, dtype=torch.float64)
     value_biased = layer(parts, causal, x, q, k, v + b_v)

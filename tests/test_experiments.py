@@ -1,0 +1,36 @@
+"""Every experiment config composes and runs one fast_dev_run job (its sweep's first cell
+is the config without -m)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import SHARED_DATA
+
+from attnlab.options import options
+from attnlab.train import train
+
+MULTI30K = SHARED_DATA / "multi30k"
+SMALL_DATA = {
+    "probe": ["task.data.train_size=64"],
+    "multi30k": [
+        "task.data.source=local", f"task.data.dir={MULTI30K}", "task.data.train_size=300",
+        "task.data.vocab_size=500",
+    ],
+    "chitchat": [
+        "task.data.vocab_size=500", "task.data.tokenizer_pairs=5000", "task.data.train_size=64",
+        "task.system.val_generate=8",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_every_experiment_runs_one_fast_dev_run_job(experiment, make_config, tmp_path):
+    task = make_config([f"experiment={experiment}"]).task.name
+    if task == "multi30k" and not MULTI30K.is_dir():
+        pytest.skip(f"the shared Multi30k files are not at {MULTI30K}")
+    cfg = make_config(
+        [f"experiment={experiment}", "model=tiny", "debug=fast", f"paths.data_dir={tmp_path}",
+         *SMALL_DATA[task]]
+    )  # fmt: skip
+    metrics = train(cfg)
+    assert metrics["train/loss"] > 0

@@ -18,8 +18,9 @@ normalizer and before attention dropout; masked keys already have weight 0, as t
 code zeroes C at padding. The bucketed C and --ur-attn-with-relu are not implemented.
 
 URPE delegates embed, rotate, scale and score_bias to its base, builds the base itself and
-declares what the base does (rotates, adds_score_terms, needs_query, needs_key). It bounds positions to the smaller of its own max_len and the
-base's. Acting after the normalizer, it always takes the plain path, never SDPA.
+declares what the base does (rotates, adds_score_terms, needs_query, needs_key). It bounds
+positions to the smaller of its own max_len and the base's. Acting after the normalizer, it
+always takes the plain path, never SDPA.
 """
 
 from __future__ import annotations

@@ -19,10 +19,13 @@ and a synthesizer whose logits are indexed by key position (random, dense, facto
 their mixtures) break the key symmetry; position-indexed rows (random) and the PEs break
 the query symmetry; an absolute PE added to the input breaks the stack's. Each property is
 measured in float64 on random inputs as the largest absolute deviation; below 1e-10 it
-holds. The prediction comes from the variant's declared capabilities, not the measurement.
+holds. The prediction comes from the variants' declared capabilities (and, for synthesizers,
+whether a row's logits come from its own query token alone), never from the measurement.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -61,7 +64,7 @@ def build_parts(choice: dict[str, str], causal: bool) -> AttentionParts:
     """The parts in float64, their parameters moved off their initial values (URPE starts
     at C = 1, which changes nothing)."""
     torch.manual_seed(0)
-    shape = StackShape(**{**SHAPE.__dict__, "causal": causal})
+    shape = replace(SHAPE, causal=causal)
     nodes = [
         shrink(variant(group, choice[group]), LENGTH) for group in ("pe", "norm", "synthesizer")
     ]

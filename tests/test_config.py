@@ -83,7 +83,8 @@ def test_help_and_cfg_job_work():
 def test_the_probe_table_sweeps_existing_options(tmp_path):
     compose_config(["experiment=probe_table"], tmp_path)
     params = HydraConfig.get().sweeper.params
-    assert set(params) == {"pe", "norm", "task.markers"}
+    assert set(params) == {"pe", "norm", "task.markers", "seed"}
+    assert params.seed == "0,1,2"
     assert set(params.pe.split(",")) <= set(options("pe"))
     assert set(params.norm.split(",")) <= set(options("norm"))
 

@@ -198,3 +198,17 @@ def test_exp_refuses_float16_and_names_the_precisions_that_work():
         normalizer("exp")(scores, None)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(normalizer("exp")(scores, None), torch.ones_like(scores))
+
+
+def test_an_exp_l2_row_sum_is_largest_and_flat_where_the_rows_scores_are_equal():
+    """Σ_j w_ij = ‖e^s‖₁ / ‖e^s‖₂ ≤ √n, with equality at equal scores: there its gradient is
+    zero, so a PE whose score terms start near zero learns slowly through the row sums."""
+    norm = build(variant("norm", "l2"))
+    equal = torch.full((1, 1, 1, 6), 0.3, dtype=torch.float64, requires_grad=True)
+    (gradient,) = torch.autograd.grad(norm(equal, None).sum(), equal)
+    assert norm(equal, None).sum().item() == pytest.approx(6**0.5)
+    assert gradient.abs().max().item() < 1e-12
+    spread = torch.linspace(0.0, 0.5, 6, dtype=torch.float64).view(1, 1, 1, 6).requires_grad_()
+    (gradient,) = torch.autograd.grad(norm(spread, None).sum(), spread)
+    assert norm(spread, None).sum().item() < 6**0.5
+    assert gradient.abs().max().item() > 1e-2

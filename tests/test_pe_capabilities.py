@@ -61,6 +61,8 @@ def test_declared_capabilities_match_what_the_hooks_do(name):
     pe = build_pe(name)
     pos = torch.arange(LENGTH)
     x = heads(0)
+    tokens = heads(4)[0].transpose(0, 1).flatten(1)  # [L, d_model]
+    assert pe.embeds == (not torch.equal(pe.embed(tokens, pos), tokens))
     assert pe.rotates == (not torch.equal(pe.rotate(x, pos), x))
     term = score_term(pe, heads(0), heads(1))
     assert pe.adds_score_terms == (term is not None)

@@ -13,6 +13,7 @@ import torch
 
 from attnlab.options import options
 from attnlab.run import build_datamodule, build_system
+from attnlab.studies.probe import chance_bound, predict
 from attnlab.tasks.probe import ZERO, probe_example
 
 # q·k must vary visibly with position for a difference to show: a larger init than training uses.
@@ -71,3 +72,25 @@ def test_what_breaks_the_symmetry_gives_position_dependent_outputs(overrides, ma
 def test_urpe_breaks_the_symmetry_once_its_toeplitz_matrix_moves_from_one(make_config):
     assert position_spread(make_config, ["pe=urpe"]) < 1e-9  # C = 1: exactly its base
     assert position_spread(make_config, ["pe=urpe"], perturb_pe=True) > 1e-4
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("markers", [False, True])
+@pytest.mark.parametrize("norm", options("norm"))
+@pytest.mark.parametrize("pe", options("pe"))
+def test_the_studies_prediction_says_which_configurations_give_position_dependent_outputs(
+    pe, norm, markers, causal, make_config
+):
+    overrides = [f"pe={pe}", f"norm={norm}", f"task.markers={markers}", f"task.causal={causal}"]
+    cfg = make_config(overrides)
+    prediction = predict(cfg.pe, cfg.norm, markers, causal)
+    spread = position_spread(make_config, overrides, perturb_pe=True)
+    if prediction.distinguishes:
+        assert spread > 1e-4, prediction.why
+    else:
+        assert spread < 1e-9, prediction.why
+
+
+@pytest.mark.parametrize(("lengths", "bound"), [(range(1, 2), 1.0), (range(1, 17), 16 / 136)])
+def test_the_chance_bound_is_one_right_position_per_sequence(lengths, bound):
+    assert chance_bound(lengths) == pytest.approx(bound)

@@ -1,4 +1,5 @@
-"""`attnlab compare DIR` and `attnlab dashboard --project P --group G` (see README)."""
+"""`attnlab compare DIR`, `attnlab dashboard --project P --group G`, `attnlab archive SWEEP DEST`
+and `attnlab results` (see README)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,24 @@ def parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--group", required=True, help="an experiment or sweep directory name")
     dashboard.add_argument("--entity", default=None, help="default: your W&B default entity")
     dashboard.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for W&B")
+    archive = commands.add_parser(
+        "archive",
+        help="copy the records of a sweep's runs (config, metrics, status) for RESULTS.md",
+        description="Copies each run's .hydra/config.yaml, overrides, csv/metrics.csv and "
+        "status.json from SWEEP to DEST (no checkpoints), e.g. docs/results/runs/<study>.",
+    )
+    archive.add_argument("sweep", type=Path, help="a sweep or run directory")
+    archive.add_argument("destination", type=Path, help="a directory that does not exist yet")
+    results = commands.add_parser(
+        "results",
+        help="regenerate RESULTS.md's tables and plots from docs/results/runs",
+        description="Rewrites each <!-- results:STUDY KIND --> block of FILE from the run "
+        "records in docs/results/runs/STUDY beside it, and draws docs/results/STUDY.png.",
+    )
+    results.add_argument("--file", type=Path, default=Path("RESULTS.md"))
+    results.add_argument(
+        "--check", action="store_true", help="write nothing; fail if a table is out of date"
+    )
     return main
 
 
@@ -39,12 +58,34 @@ def main(argv: list[str] | None = None) -> None:
             print(comparison.table())
             print(f"\nwrote {args.directory / 'comparison.md'}, comparison.csv and", end=" ")
             print(f"{len(comparison.plots)} plots")
-        else:
+        elif args.command == "dashboard":
             from attnlab.compare.dashboard import dashboard
 
             print(dashboard(args.project, args.group, args.entity, args.timeout))
+        elif args.command == "archive":
+            from attnlab.compare.results import archive
+
+            count = archive(args.sweep, args.destination)
+            print(f"archived the records of {count} runs in {args.destination}")
+        else:
+            update_results(args.file, args.check)
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
+
+
+def update_results(path: Path, check: bool) -> None:
+    from attnlab.compare.results import regenerate
+
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist: pass --file <RESULTS.md>")
+    text = regenerate(path, draw=not check)
+    if not check:
+        path.write_text(text)
+        print(f"regenerated the tables of {path}")
+    elif text != path.read_text():
+        raise ConfigError(f"{path} is out of date with its run records: run `attnlab results`")
+    else:
+        print(f"{path} matches its run records")
 
 
 if __name__ == "__main__":

@@ -55,11 +55,15 @@ def curves_figure(
 def heatmap_figure(
     matrix: np.ndarray, rows: Sequence[str], columns: Sequence[str], title: str
 ) -> Figure:
-    """A [rows, columns] matrix of values in [0, 1]; NaN (not measured) stays blank."""
-    figure = Figure(figsize=(1.0 + 0.42 * len(columns) + 2.0, 0.8 + 0.3 * len(rows)))
+    """A [rows, columns] matrix of values in [0, 1]; NaN (not measured) stays blank. Wide
+    matrices get narrower columns and a label on every few of them."""
+    width = min(0.42, 14.0 / len(columns))
+    figure = Figure(figsize=(1.0 + width * len(columns) + 2.0, 0.8 + 0.3 * len(rows)))
     ax = figure.subplots()
     image = ax.imshow(matrix, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(len(columns)), columns, fontsize=7)
+    every = max(1, round(0.3 / width))
+    ticks = range(0, len(columns), every)
+    ax.set_xticks(ticks, [columns[i] for i in ticks], fontsize=7)
     ax.set_yticks(range(len(rows)), rows, fontsize=7)
     ax.set_title(title, fontsize=9)
     figure.colorbar(image, ax=ax, fraction=0.03)

@@ -7,6 +7,10 @@
     curves_<metric>.png          every run's validation curve of each metric on one axis
     acc_by_position.png          accuracy by position, runs × positions (the probe)
 
+When the seed was swept, comparison.md also has a table by configuration: each test metric's
+mean and range over the seeds, and ties where ranges overlap (see `attnlab.compare.seeds`);
+the accuracy-by-position plot then shows configurations, averaged over seeds.
+
 Rows are sorted by the best value of the optimized metric; runs that failed or never
 finished keep their row, marked so. Needs no service: only the run directories.
 """
@@ -21,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.compare.runs import BY_POSITION, Run, find_runs
+from attnlab.compare.seeds import SEED, Configuration, configurations, standing, summary
 from attnlab.config import ConfigError
 from attnlab.plots import curves_figure, heatmap_figure, save
 
@@ -33,6 +38,7 @@ class Comparison:
     runs: list[Run]
     rows: list[Row]
     plots: list[Path]
+    by_configuration: list[Configuration]  # when seeds were swept: runs grouped over them
 
     @property
     def failed(self) -> list[Run]:
@@ -141,17 +147,35 @@ def plot_curves(runs: list[Run], names: dict[str, str], directory: Path) -> list
     return paths
 
 
-def plot_by_position(runs: list[Run], names: dict[str, str], directory: Path) -> list[Path]:
-    accuracy = {names[run.name]: run.by_position() for run in runs}
-    accuracy = {name: values for name, values in accuracy.items() if values}
+def plot_by_position(configs: list[Configuration], path: Path) -> list[Path]:
+    """Accuracy by position (the probe), configurations × positions, mean over seeds."""
+    accuracy = {config.label: config.by_position() for config in configs}
+    accuracy = {label: values for label, values in accuracy.items() if values}
     if not accuracy:
         return []
     positions = sorted({p for values in accuracy.values() for p in values})
     matrix = np.array([[values.get(p, np.nan) for p in positions] for values in accuracy.values()])
-    figure = heatmap_figure(
-        matrix, list(accuracy), [str(p) for p in positions], "accuracy by position"
-    )
-    return [save(figure, directory / "acc_by_position.png")]
+    seeds = " (mean over seeds)" if any(len(config.runs) > 1 for config in configs) else ""
+    title = f"accuracy by position{seeds}"
+    return [save(heatmap_figure(matrix, list(accuracy), [str(p) for p in positions], title), path)]
+
+
+def configurations_table(configs: list[Configuration]) -> str:
+    """One row per configuration: each test metric's mean and range over its seeds, and how
+    it stands against the best on the test value of the optimized metric."""
+    runs = [run for config in configs for run in config.runs]
+    metric = (runs[0].setting("optimized_metric") or "").replace("val/", "test/", 1)
+    standings = standing(configs, metric, runs[0].setting("task.metric_mode") or "max")
+    rows: list[Row] = []
+    for config in configs:
+        cells: Row = {**config.setting, "seeds": len(config.runs)}
+        cells.update({name: summary(config.values(name)) for name in metric_names(runs, "test/")})
+        if standings:
+            cells[f"{metric} vs best"] = standings.get(config.label, "")
+        status = config.runs[0].status
+        cells["params"] = status.params if status else None
+        rows.append(cells)
+    return markdown_table(rows)
 
 
 def metric_names(runs: list[Run], prefix: str) -> list[str]:
@@ -176,9 +200,10 @@ def compare(directory: Path) -> Comparison:
         ((run, row(run, keys, test_metrics)) for run in runs), key=lambda p: sort_key(*p)
     )
     runs, rows = [run for run, _ in pairs], [cells for _, cells in pairs]
-    names = labels(runs, keys)
-    plots = plot_curves(runs, names, directory) + plot_by_position(runs, names, directory)
-    comparison = Comparison(directory, runs, rows, plots)
+    configs = configurations(runs, keys)
+    plots = plot_curves(runs, labels(runs, keys), directory)
+    plots += plot_by_position(configs, directory / "acc_by_position.png")
+    comparison = Comparison(directory, runs, rows, plots, configs if SEED in keys else [])
     write_csv(rows, directory / "comparison.csv")
     (directory / "comparison.md").write_text(document(comparison))
     return comparison
@@ -194,5 +219,14 @@ def document(comparison: Comparison) -> str:
         comparison.table(),
         "",
     ]
+    if comparison.by_configuration:
+        lines += [
+            "## By configuration: mean (smallest–largest) over seeds",
+            "",
+            "Configurations whose ranges overlap the best's are tied with it.",
+            "",
+            configurations_table(comparison.by_configuration),
+            "",
+        ]
     lines += [f"![{path.stem}]({path.name})\n" for path in comparison.plots]
     return "\n".join(lines)

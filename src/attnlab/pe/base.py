@@ -14,7 +14,7 @@ A variant overrides only the hooks it needs (`q`, `k`: [B, H, L, d_h]; positions
 built from the absolute `q_pos` and `k_pos`, so the same code serves full sequences,
 cached decoding (one query at position t) and cross-attention.
 
-What a variant does is declared in class attributes (`rotates`, `adds_score_terms`,
+What a variant does is declared in class attributes (`embeds`, `rotates`, `adds_score_terms`,
 `post_normalization`, `needs_query`, `needs_key`, `flex`), which the attention core reads
 to choose how to compute; a test checks each declaration against what the hooks do.
 A variant whose score term FlexAttention can compute from positions and small tables
@@ -38,6 +38,7 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 class PositionalEncoding(nn.Module):
     max_len: int | None = None  # positions must be < max_len; None: unbounded
     max_len_option = "max_len"  # the option that sets max_len, for error messages
+    embeds = False  # embed adds to the token embeddings (an absolute PE)
     rotates = False  # rotate changes q and k
     adds_score_terms = False  # score_bias returns a term (then no fused SDPA kernel holds it)
     post_normalization = False  # reweight or value_term acts: no SDPA path at all

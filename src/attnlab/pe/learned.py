@@ -12,6 +12,8 @@ from attnlab.shape import StackShape
 
 
 class LearnedPE(PositionalEncoding):
+    embeds = True
+
     def __init__(self, shape: StackShape, max_len: int = 512, init_std: float = 0.02) -> None:
         super().__init__(shape)
         self.max_len = max_len

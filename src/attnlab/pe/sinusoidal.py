@@ -23,5 +23,7 @@ def sinusoids(
 
 
 class SinusoidalPE(PositionalEncoding):
+    embeds = True
+
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         return x + sinusoids(pos, self.shape.d_model, x.dtype)

@@ -18,9 +18,9 @@ normalizer and before attention dropout; masked keys already have weight 0, as t
 code zeroes C at padding. The bucketed C and --ur-attn-with-relu are not implemented.
 
 URPE delegates embed, rotate, scale and score_bias to its base, builds the base itself and
-declares what the base does (rotates, adds_score_terms, needs_query, needs_key). It bounds
-positions to the smaller of its own max_len and the base's. Acting after the normalizer, it
-always takes the plain path, never SDPA.
+declares what the base does (embeds, rotates, adds_score_terms, needs_query, needs_key). It
+bounds positions to the smaller of its own max_len and the base's. Acting after the
+normalizer, it always takes the plain path, never SDPA.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class URPE(PositionalEncoding):
                 self.base.max_len,
                 f"base.{self.base.max_len_option}",
             )
-        self.rotates, self.adds_score_terms = self.base.rotates, self.base.adds_score_terms
+        self.embeds, self.rotates = self.base.embeds, self.base.rotates
+        self.adds_score_terms = self.base.adds_score_terms
         self.needs_query, self.needs_key = self.base.needs_query, self.base.needs_key
         self.table = nn.Parameter(torch.ones(2 * self.max_len - 1, shape.n_heads))
 

@@ -156,7 +156,7 @@ def predict(choice: dict[str, str], causal: bool) -> dict[str, bool]:
     return {
         "keys": position_free and synthesizer.plain_dot,
         "queries": position_free and rows_from_queries,
-        "stack": choice["pe"] == "none" and not causal and synthesizer.plain_dot,
+        "stack": position_free and not pe.embeds and synthesizer.plain_dot,
         "key bias": not synthesizer.needs_key or choice["norm"] in SHIFT_INVARIANT,
         "value bias": choice["norm"] in ROWS_SUM_TO_ONE,
     }

@@ -5,9 +5,11 @@ target of the i-th "0" is class i (positions 1..n are classes 0..n−1). A PE th
 touches pre-softmax scores keeps every position identical under softmax, so it cannot
 learn this; absolute PEs, markers, and non-row-stochastic normalizers can.
 
-Training lengths are drawn uniformly from [min_len, max_len]; validation and test hold one
-sequence of every length in [eval_min_len, eval_max_len] (all sequences of one length are
-identical). Setting eval_max_len > max_len tests extrapolation to unseen positions.
+Training lengths are drawn uniformly from [min_len, max_len]. Validation holds one sequence
+of every training length, so that checkpoints are chosen on the lengths trained on; test
+holds one of every length in [eval_min_len, eval_max_len] (all sequences of one length are
+identical). A test range past max_len measures extrapolation: to unseen lengths (positions
+≤ max_len of longer sequences) and to unseen positions.
 """
 
 from __future__ import annotations
@@ -88,8 +90,11 @@ class ProbeDataModule(TaskData):
             self.min_len, self.max_len + 1, (self.train_size,), generator=generator
         )
         self.train_set = [probe_example(int(n), self.markers) for n in lengths]
-        eval_lengths = range(self.eval_min_len, self.eval_max_len + 1)
-        self.eval_set = [probe_example(n, self.markers) for n in eval_lengths]
+        self.val_set = self._one_per_length(self.min_len, self.max_len)
+        self.test_set = self._one_per_length(self.eval_min_len, self.eval_max_len)
+
+    def _one_per_length(self, shortest: int, longest: int) -> list[tuple[Tensor, Tensor]]:
+        return [probe_example(n, self.markers) for n in range(shortest, longest + 1)]
 
     def _loader(self, data: list, shuffle: bool) -> DataLoader:
         trainer = self.trainer
@@ -106,7 +111,7 @@ class ProbeDataModule(TaskData):
         return self._loader(self.train_set, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.eval_set, shuffle=False)
+        return self._loader(self.val_set, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.eval_set, shuffle=False)
+        return self._loader(self.test_set, shuffle=False)

@@ -1,0 +1,165 @@
+"""RESULTS.md's tables and plots, generated from the records of the runs: `attnlab results`.
+
+`attnlab archive SWEEP_DIR DEST` copies what each run below SWEEP_DIR recorded (its config,
+overrides, metrics and status; not its checkpoints) to DEST, conventionally
+docs/results/runs/<study>/, so that the results can be regenerated from the repository.
+RESULTS.md marks where a study's table goes:
+
+    <!-- results:<study> <kind> -->
+    ... generated: the table and a link to its heat map ...
+    <!-- /results:<study> -->
+
+`attnlab results` rewrites each block from docs/results/runs/<study>/ and draws
+docs/results/<study>.png (mean accuracy by position, configurations × positions).
+`attnlab results --check` writes nothing and fails when a block differs from what the
+records give. The kinds of table:
+
+    probe           token and sequence accuracy beside what theory predicts (see
+                    `attnlab.studies.probe`), the rows that disagree in bold
+    extrapolation   accuracy on the trained lengths, at trained positions of longer
+                    sequences and at the positions never trained
+    configurations  every test metric, with ties within the seed spread
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from attnlab.compare.report import (
+    Row,
+    configurations_table,
+    markdown_table,
+    plot_by_position,
+    swept_keys,
+)
+from attnlab.compare.runs import Run, find_runs
+from attnlab.compare.seeds import Configuration, configurations, summary
+from attnlab.config import ConfigError
+from attnlab.studies.probe import chance_bound, predict
+
+RECORD = (".hydra/config.yaml", ".hydra/overrides.yaml", "csv/metrics.csv", "status.json")
+BLOCK = re.compile(
+    r"(<!-- results:(?P<study>[\w-]+) (?P<kind>\w+) -->\n)(?P<body>.*?)"
+    r"(<!-- /results:(?P=study) -->)",
+    re.DOTALL,
+)
+SOLVED = 0.99  # token accuracy of every seed at or above this: the probe is solved
+
+
+def archive(sweep: Path, destination: Path) -> int:
+    """Copy the record of every run below `sweep` into `destination`; the number of runs."""
+    runs = sorted({config.parent.parent for config in sweep.rglob(".hydra/config.yaml")})
+    if not runs:
+        raise ConfigError(f"{sweep} holds no runs (no .hydra/config.yaml below it)")
+    if destination.exists():
+        raise ConfigError(f"{destination} exists: remove it first, or archive to a new directory")
+    for run in runs:
+        for name in RECORD:
+            if (run / name).is_file():
+                target = destination / run.relative_to(sweep) / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(run / name, target)
+    return len(runs)
+
+
+def eval_lengths(run: Run) -> range:
+    data = run.config.task.data
+    low = data.min_len if data.eval_min_len is None else data.eval_min_len
+    high = data.max_len if data.eval_max_len is None else data.eval_max_len
+    return range(low, high + 1)
+
+
+def outcome(accuracy: list[float], bound: float) -> str:
+    if min(accuracy) >= SOLVED:
+        return "solves"
+    if max(accuracy) <= bound + 1e-6:
+        return f"≤ bound {bound:.3f}"
+    return "partly"
+
+
+def probe_table(configs: list[Configuration]) -> str:
+    """Each configuration's accuracies over its seeds, what they amount to (solves: every
+    seed ≥ 0.99; ≤ bound: no better than equal outputs at every position), and the
+    prediction; a row whose measurement disagrees with the prediction is bold."""
+    rows = []
+    for config in configs:
+        run, accuracy = config.runs[0], config.values("test/acc")
+        task = run.config.task
+        prediction = predict(run.config.pe, run.config.norm, task.markers, task.causal)
+        measured = outcome(accuracy, chance_bound(eval_lengths(run))) if accuracy else "no test"
+        agrees = measured == "solves" if prediction.distinguishes else measured.startswith("≤")
+        cells: Row = {**config.setting, "seeds": len(accuracy), "token acc": summary(accuracy),
+                      "sequence acc": summary(config.values("test/seq_acc")),
+                      "measured": measured,
+                      "predicted": "solves" if prediction.distinguishes else "cannot",
+                      "why": prediction.why}  # fmt: skip
+        if not agrees:
+            cells = {key: f"**{value}**" for key, value in cells.items()}
+        rows.append(cells)
+    return markdown_table(rows)
+
+
+def weighted_accuracy(run: Run, positions: range) -> float | None:
+    """Token accuracy over `positions`, each weighted by the test tokens there."""
+    accuracy, lengths = run.by_position(), eval_lengths(run)
+    weights = {p: sum(1 for n in lengths if n >= p) for p in positions if p in accuracy}
+    total = sum(weights.values())
+    return sum(accuracy[p] * w for p, w in weights.items()) / total if total else None
+
+
+def extrapolation_table(configs: list[Configuration]) -> str:
+    """Per configuration: validation accuracy of the chosen checkpoint (the best), and the
+    test's accuracy at trained positions of longer sequences and at untrained positions."""
+    trained = configs[0].runs[0].config.task.data.max_len
+    tested = eval_lengths(configs[0].runs[0])
+    within = f"positions 1..{trained} of lengths {tested.start}..{tested.stop - 1}"
+    beyond = f"positions {trained + 1}..{tested.stop - 1}"
+    rows = []
+    for config in configs:
+        measured = {
+            f"val acc (lengths 1..{trained})": [run.best("val/acc", "max") for run in config.runs],
+            within: [weighted_accuracy(run, range(1, trained + 1)) for run in config.runs],
+            beyond: [
+                weighted_accuracy(run, range(trained + 1, tested.stop)) for run in config.runs
+            ],
+        }
+        found = {name: [v for v in values if v is not None] for name, values in measured.items()}
+        rows.append({**config.setting, "seeds": len(config.runs),
+                     **{name: summary(values) for name, values in found.items()}})  # fmt: skip
+    return markdown_table(rows)
+
+
+KINDS: dict[str, Callable[[list[Configuration]], str]] = {
+    "probe": probe_table,
+    "extrapolation": extrapolation_table,
+    "configurations": configurations_table,
+}
+
+
+def block(study: str, kind: str, root: Path, draw: bool) -> str:
+    """The generated text of one study's block, from root/docs/results/runs/<study>."""
+    if kind not in KINDS:
+        raise ConfigError(f"RESULTS.md block {study} has kind {kind!r}: use one of {list(KINDS)}")
+    records = root / "docs" / "results" / "runs" / study
+    runs = find_runs(records) if records.is_dir() else []
+    if not runs:
+        raise ConfigError(f"no run records for {study} in {records}: run `attnlab archive`")
+    configs = configurations(runs, swept_keys(runs))
+    text = KINDS[kind](configs) + "\n"
+    image = root / "docs" / "results" / f"{study}.png"
+    if draw:
+        plot_by_position(configs, image)
+    if image.is_file():
+        text += f"\n![{study}: accuracy by position]({image.relative_to(root)})\n"
+    return text
+
+
+def regenerate(results_md: Path, draw: bool = True) -> str:
+    """RESULTS.md with every block rebuilt from its records (plots drawn if `draw`)."""
+    root = results_md.resolve().parent
+    return BLOCK.sub(
+        lambda m: m[1] + block(m["study"], m["kind"], root, draw) + m[5], results_md.read_text()
+    )

@@ -1,0 +1,81 @@
+"""Runs that differ only in their seed, taken together as one configuration.
+
+A configuration's value of a metric is the mean over its seeds, shown with the range
+(smallest–largest). Two configurations tie when their ranges overlap: the difference
+between them is within the seed-to-seed spread. With one seed the spread is unknown and
+nothing is called a tie or a win.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnlab.compare.runs import Run
+
+SEED = "seed"
+
+
+@dataclass
+class Configuration:
+    setting: dict[str, str]  # the swept overrides other than the seed
+    runs: list[Run]
+
+    @property
+    def label(self) -> str:
+        """Its swept overrides; the run's name where nothing but the seed was swept."""
+        text = ",".join(f"{key}={value}" for key, value in self.setting.items())
+        return text or self.runs[0].name
+
+    def values(self, metric: str) -> list[float]:
+        return [value for run in self.runs if (value := run.last(metric)) is not None]
+
+    def mean(self, metric: str) -> float | None:
+        values = self.values(metric)
+        return sum(values) / len(values) if values else None
+
+    def by_position(self) -> dict[int, float]:
+        """Mean accuracy at each position over the seeds that measured it."""
+        found: dict[int, list[float]] = {}
+        for run in self.runs:
+            for position, value in run.by_position().items():
+                found.setdefault(position, []).append(value)
+        return {p: sum(values) / len(values) for p, values in sorted(found.items())}
+
+
+def configurations(runs: list[Run], keys: list[str]) -> list[Configuration]:
+    """The runs grouped by their values of the swept `keys` but the seed, in order of the
+    first run of each group."""
+    grouped: dict[tuple[str, ...], Configuration] = {}
+    setting_keys = [key for key in keys if key != SEED]
+    for run in runs:
+        setting = {key: run.overrides.get(key, "") for key in setting_keys}
+        key = tuple(setting.values())
+        grouped.setdefault(key, Configuration(setting, [])).runs.append(run)
+    return list(grouped.values())
+
+
+def summary(values: list[float], digits: int = 3) -> str:
+    """The mean, and the range over seeds where there are several: "0.981 (0.962–1.000)"."""
+    if not values:
+        return ""
+    mean = f"{sum(values) / len(values):.{digits}f}"
+    if len(values) == 1:
+        return mean
+    return f"{mean} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+
+def standing(configs: list[Configuration], metric: str, mode: str) -> dict[str, str]:
+    """Per configuration label: "best", "tie" (its range overlaps the best's) or "below";
+    nothing where some configuration has fewer than two seeds."""
+    measured = [c for c in configs if c.values(metric)]
+    if not measured or any(len(c.values(metric)) < 2 for c in measured):
+        return {}
+    sign = 1.0 if mode == "max" else -1.0
+    best = max(measured, key=lambda c: sign * (c.mean(metric) or 0.0))
+    low, high = min(best.values(metric)), max(best.values(metric))
+    result = {}
+    for config in measured:
+        values = config.values(metric)
+        overlaps = min(values) <= high and max(values) >= low
+        result[config.label] = "best" if config is best else "tie" if overlaps else "below"
+    return result

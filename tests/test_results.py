@@ -1,0 +1,164 @@
+"""RESULTS.md's tables come from run records: the generator, the archive and the seed groups.
+
+tests/data/results/ is a small copy of the layout: a RESULTS.md with one block of each
+kind, and under docs/results/runs/ the records of real probe runs (archived from a sweep
+of experiment=probe_causal and experiment=probe_extrapolation, a few jobs each).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+from test_compare import fake_run
+
+from attnlab.compare.report import compare
+from attnlab.compare.results import archive, regenerate
+from attnlab.compare.runs import find_runs
+from attnlab.compare.seeds import configurations, standing, summary
+from attnlab.config import ConfigError
+
+FIXTURE = Path(__file__).parent / "data" / "results"
+
+
+def fixture_copy(tmp_path: Path) -> Path:
+    shutil.copytree(FIXTURE, tmp_path / "results")
+    return tmp_path / "results" / "RESULTS.md"
+
+
+def test_the_generator_reproduces_the_committed_tables_from_the_fixture_records():
+    results_md = FIXTURE / "RESULTS.md"
+    assert regenerate(results_md, draw=False) == results_md.read_text()
+
+
+def test_results_md_matches_the_run_records_committed_beside_it():
+    results_md = ROOT / "RESULTS.md"
+    assert regenerate(results_md, draw=False) == results_md.read_text(), (
+        "RESULTS.md is out of date with docs/results/runs: run `attnlab results`"
+    )
+
+
+def test_drawing_adds_each_studys_heat_map_and_links_it(tmp_path):
+    results_md = fixture_copy(tmp_path)
+    text = regenerate(results_md, draw=True)
+    for study in ("probe_sample", "extrapolation_sample"):
+        assert (results_md.parent / "docs" / "results" / f"{study}.png").stat().st_size > 1000
+        assert f"](docs/results/{study}.png)" in text
+
+
+def test_a_measurement_that_contradicts_the_prediction_is_flagged(tmp_path):
+    results_md = fixture_copy(tmp_path)
+    records = results_md.parent / "docs" / "results" / "runs" / "probe_sample"
+    before = regenerate(results_md, draw=False)
+    assert "| none | softmax | 2 | 0.118 (0.118–0.118) |" in before  # at the bound, as predicted
+    cannot = next(run for run in find_runs(records) if run.overrides["norm"] == "softmax")
+    metrics = cannot.path / "csv" / "metrics.csv"
+    *lines, last = metrics.read_text().splitlines()
+    cells = last.split(",")
+    cells[lines[0].split(",").index("test/acc")] = "0.5"  # better than equal outputs allow
+    metrics.write_text("\n".join([*lines, ",".join(cells)]) + "\n")
+    after = regenerate(results_md, draw=False)
+    assert "| **none** | **softmax** | **2** | **0.309 (0.118–0.500)** |" in after
+    assert after.count("**partly**") == before.count("**partly**") + 1
+
+
+def test_check_fails_with_one_sentence_when_a_table_is_out_of_date(tmp_path):
+    results_md = fixture_copy(tmp_path)
+    results_md.write_text(results_md.read_text().replace("| rope |", "| RoPE |", 1))
+    command = [sys.executable, "-m", "attnlab.cli", "results", "--check", "--file", str(results_md)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "out of date with its run records: run `attnlab results`" in done.stderr
+    assert "Traceback" not in done.stderr
+    subprocess.run([*command[:-3], "--file", str(results_md)], check=True, capture_output=True)
+    assert regenerate(results_md, draw=False) == results_md.read_text()
+
+
+def test_a_block_without_records_or_with_an_unknown_kind_is_one_sentence(tmp_path):
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("<!-- results:missing probe -->\n<!-- /results:missing -->\n")
+    with pytest.raises(ConfigError, match="no run records for missing"):
+        regenerate(results_md)
+    results_md.write_text("<!-- results:missing table -->\n<!-- /results:missing -->\n")
+    with pytest.raises(ConfigError, match="has kind 'table': use one of"):
+        regenerate(results_md)
+
+
+def test_archive_copies_each_runs_record_and_no_checkpoint(tmp_path):
+    sweep = tmp_path / "sweep"
+    for job, seed in enumerate((0, 1)):
+        run = fake_run(sweep / str(job), [f"seed={seed}"], [{"step": 1, "test/acc": 0.5}])
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+    assert archive(sweep, tmp_path / "records") == 2
+    copied = sorted(
+        str(p.relative_to(tmp_path / "records"))
+        for p in (tmp_path / "records").rglob("*")
+        if p.is_file()
+    )
+    assert copied == [
+        f"{job}/{name}"
+        for job in ("0", "1")
+        for name in (
+            ".hydra/config.yaml",
+            ".hydra/overrides.yaml",
+            "csv/metrics.csv",
+            "status.json",
+        )
+    ]
+    with pytest.raises(ConfigError, match="exists: remove it first"):
+        archive(sweep, tmp_path / "records")
+    with pytest.raises(ConfigError, match="holds no runs"):
+        archive(tmp_path / "records" / "0" / "csv", tmp_path / "elsewhere")
+
+
+def test_runs_that_differ_only_in_their_seed_form_one_configuration(tmp_path):
+    for job, (pe, seed, acc) in enumerate(
+        [
+            ("rope", 0, 0.9),
+            ("rope", 1, 0.7),
+            ("t5", 0, 0.8),
+            ("t5", 1, 0.75),
+            ("none", 0, 0.1),
+            ("none", 1, 0.2),
+        ]
+    ):
+        fake_run(tmp_path / str(job), [f"pe={pe}", f"seed={seed}"], [{"step": 1, "test/acc": acc}])
+    runs = find_runs(tmp_path)
+    configs = configurations(runs, ["pe", "seed"])
+    assert [c.label for c in configs] == ["pe=rope", "pe=t5", "pe=none"]
+    assert [c.mean("test/acc") for c in configs] == pytest.approx([0.8, 0.775, 0.15])
+    assert standing(configs, "test/acc", "max") == {
+        "pe=rope": "best",
+        "pe=t5": "tie",
+        "pe=none": "below",
+    }
+    assert standing(configs, "test/acc", "min") == {
+        "pe=none": "best",
+        "pe=t5": "below",
+        "pe=rope": "below",
+    }
+    assert standing([*configs[:1], configurations(runs[:1], ["pe"])[0]], "test/acc", "max") == {}
+
+
+@pytest.mark.parametrize(
+    ("values", "text"), [([], ""), ([0.5], "0.500"), ([1.0, 0.9, 0.95], "0.950 (0.900–1.000)")]
+)
+def test_a_summary_is_the_mean_and_the_range_over_seeds(values, text):
+    assert summary(values) == text
+
+
+def test_compare_adds_a_table_by_configuration_when_seeds_were_swept(tmp_path):
+    for job, (pe, seed, acc) in enumerate([("rope", 0, 0.9), ("rope", 1, 0.8), ("t5", 0, 0.1)]):
+        fake_run(tmp_path / str(job), [f"pe={pe}", f"seed={seed}"], [{"step": 1, "test/acc": acc}])
+    comparison = compare(tmp_path)
+    document = (tmp_path / "comparison.md").read_text()
+    assert [c.label for c in comparison.by_configuration] == ["pe=rope", "pe=t5"]
+    assert "## By configuration: mean (smallest–largest) over seeds" in document
+    assert "| pe=rope |" not in document  # the table shows the setting's columns
+    assert "| rope | 2 | 0.850 (0.800–0.900) | 1,234 |" in document
+    assert "| t5 | 1 | 0.100 | 1,234 |" in document

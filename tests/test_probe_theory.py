@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlab.config import ConfigError
 from attnlab.options import options
 from attnlab.run import build_datamodule, build_system
 from attnlab.studies.probe import chance_bound, predict
@@ -83,7 +84,7 @@ def test_the_studies_prediction_says_which_configurations_give_position_dependen
 ):
     overrides = [f"pe={pe}", f"norm={norm}", f"task.markers={markers}", f"task.causal={causal}"]
     cfg = make_config(overrides)
-    prediction = predict(cfg.pe, cfg.norm, markers, causal)
+    prediction = predict(cfg.pe, cfg.norm, cfg.synthesizer, markers, causal)
     spread = position_spread(make_config, overrides, perturb_pe=True)
     if prediction.distinguishes:
         assert spread > 1e-4, prediction.why
@@ -94,3 +95,9 @@ def test_the_studies_prediction_says_which_configurations_give_position_dependen
 @pytest.mark.parametrize(("lengths", "bound"), [(range(1, 2), 1.0), (range(1, 17), 16 / 136)])
 def test_the_chance_bound_is_one_right_position_per_sequence(lengths, bound):
     assert chance_bound(lengths) == pytest.approx(bound)
+
+
+def test_the_prediction_refuses_a_synthesizer_it_does_not_cover(make_config):
+    cfg = make_config(["synthesizer=random"])
+    with pytest.raises(ConfigError, match="covers synthesizer=dot only, not synthesizer=random"):
+        predict(cfg.pe, cfg.norm, cfg.synthesizer, False, False)

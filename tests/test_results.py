@@ -88,6 +88,14 @@ def test_a_block_without_records_or_with_an_unknown_kind_is_one_sentence(tmp_pat
         regenerate(results_md)
 
 
+def test_a_probe_block_over_runs_of_another_task_is_one_sentence(tmp_path):
+    fake_run(tmp_path / "docs" / "results" / "runs" / "mt" / "0", ["seed=0"], [])
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("<!-- results:mt probe -->\n<!-- /results:mt -->\n")
+    with pytest.raises(ConfigError, match="kind probe, which reads probe runs, but its records"):
+        regenerate(results_md)
+
+
 def test_archive_copies_each_runs_record_and_no_checkpoint(tmp_path):
     sweep = tmp_path / "sweep"
     for job, seed in enumerate((0, 1)):

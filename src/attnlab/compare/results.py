@@ -88,7 +88,9 @@ def probe_table(configs: list[Configuration]) -> str:
     for config in configs:
         run, accuracy = config.runs[0], config.values("test/acc")
         task = run.config.task
-        prediction = predict(run.config.pe, run.config.norm, task.markers, task.causal)
+        prediction = predict(
+            run.config.pe, run.config.norm, run.config.synthesizer, task.markers, task.causal
+        )
         measured = outcome(accuracy, chance_bound(eval_lengths(run))) if accuracy else "no test"
         agrees = measured == "solves" if prediction.distinguishes else measured.startswith("≤")
         cells: Row = {**config.setting, "seeds": len(accuracy), "token acc": summary(accuracy),
@@ -147,6 +149,12 @@ def block(study: str, kind: str, root: Path, draw: bool) -> str:
     runs = find_runs(records) if records.is_dir() else []
     if not runs:
         raise ConfigError(f"no run records for {study} in {records}: run `attnlab archive`")
+    tasks = {run.setting("task.name") for run in runs}
+    if kind in ("probe", "extrapolation") and tasks != {"probe"}:
+        raise ConfigError(
+            f"RESULTS.md block {study} has kind {kind}, which reads probe runs, but its records "
+            f"are of task {', '.join(sorted(map(str, tasks)))}: use kind configurations"
+        )
     configs = configurations(runs, swept_keys(runs))
     text = KINDS[kind](configs) + "\n"
     image = root / "docs" / "results" / f"{study}.png"

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from attnlab.config import build
+from attnlab.config import ConfigError, build
 from attnlab.norm.base import Normalizer
 from attnlab.shape import StackShape
 
@@ -61,9 +61,19 @@ def sum_depends_on_count(norm: Normalizer) -> bool:
 
 
 def predict(
-    pe: Mapping[str, Any], norm: Mapping[str, Any], markers: bool, causal: bool
+    pe: Mapping[str, Any],
+    norm: Mapping[str, Any],
+    synthesizer: Mapping[str, Any],
+    markers: bool,
+    causal: bool,
 ) -> Prediction:
-    """The prediction for one probe configuration; `pe` and `norm` are config nodes."""
+    """The prediction for one probe configuration; `pe`, `norm` and `synthesizer` are
+    config nodes."""
+    if not build(synthesizer, shape=SHAPE).plain_dot:
+        raise ConfigError(
+            f"the probe's prediction covers synthesizer=dot only, not "
+            f"synthesizer={synthesizer.get('name')}: compare such runs with kind configurations"
+        )
     encoding, normalizer = build(pe, shape=SHAPE), build(norm)
     stochastic = rows_sum_to_one(normalizer)
     if encoding.embeds:

@@ -1,8 +1,8 @@
 """RESULTS.md's tables come from run records: the generator, the archive and the seed groups.
 
 tests/data/results/ is a small copy of the layout: a RESULTS.md with one block of each
-kind, and under docs/results/runs/ the records of real probe runs (archived from a sweep
-of experiment=probe_causal and experiment=probe_extrapolation, a few jobs each).
+kind, and under docs/results/runs/ the records of real runs (archived from sweeps of
+experiment=probe_causal, probe_extrapolation and pe_translation, a few jobs each).
 """
 
 from __future__ import annotations
@@ -42,12 +42,16 @@ def test_results_md_matches_the_run_records_committed_beside_it():
     )
 
 
-def test_drawing_adds_each_studys_heat_map_and_links_it(tmp_path):
+def test_drawing_adds_each_studys_plot_and_links_it(tmp_path):
     results_md = fixture_copy(tmp_path)
     text = regenerate(results_md, draw=True)
-    for study in ("probe_sample", "extrapolation_sample"):
+    for study, caption in (
+        ("probe_sample", "accuracy by position"),
+        ("extrapolation_sample", "accuracy by position"),
+        ("translation_sample", "validation loss by step"),
+    ):
         assert (results_md.parent / "docs" / "results" / f"{study}.png").stat().st_size > 1000
-        assert f"](docs/results/{study}.png)" in text
+        assert f"![{study}: {caption}](docs/results/{study}.png)" in text
 
 
 def test_a_measurement_that_contradicts_the_prediction_is_flagged(tmp_path):
@@ -151,6 +155,16 @@ def test_runs_that_differ_only_in_their_seed_form_one_configuration(tmp_path):
         "pe=rope": "below",
     }
     assert standing([*configs[:1], configurations(runs[:1], ["pe"])[0]], "test/acc", "max") == {}
+
+
+def test_a_configurations_curve_is_the_mean_over_seeds_at_the_steps_all_of_them_logged(tmp_path):
+    losses = {0: [(100, 5.0), (200, 4.0), (300, 3.0)], 1: [(100, 6.0), (300, 2.0)]}
+    for seed, series in losses.items():
+        rows = [{"step": step, "val/loss": value} for step, value in series]
+        fake_run(tmp_path / str(seed), ["pe=rope", f"seed={seed}"], rows)
+    (config,) = configurations(find_runs(tmp_path), ["pe", "seed"])
+    assert config.curve("val/loss") == ([100, 300], [5.5, 2.5])
+    assert config.curve("val/bleu") == ([], [])
 
 
 @pytest.mark.parametrize(

@@ -127,7 +127,7 @@ def metric_rows(run_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
-def test_a_run_logs_its_learning_rate_and_draws_its_attention(tmp_path):
+def test_a_run_logs_its_learning_rate_and_throughput_and_draws_its_attention(tmp_path):
     cfg = with_loggers(
         ["trainer.max_epochs=2", "task.optim.warmup_steps=3", "trainer.log_every_n_steps=1"],
         tmp_path,
@@ -140,6 +140,8 @@ def test_a_run_logs_its_learning_rate_and_draws_its_attention(tmp_path):
     for step, value in lr.items():
         factor = lr_factor(step, optim.warmup_steps, 8, optim.schedule)
         assert value == pytest.approx(optim.lr * factor, rel=1e-6)
+    throughput = [float(r["train/tokens_per_s"]) for r in rows if r.get("train/tokens_per_s")]
+    assert len(throughput) == 8 and min(throughput) > 0, "TokenThroughput logged every step"
     assert (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
     assert status.read(tmp_path).state == "completed"
 

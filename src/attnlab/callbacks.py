@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,33 @@ class FiniteLoss(L.Callback):
                 f"{lr:.3g}): the run diverged; lower task.optim.lr, raise "
                 "task.optim.warmup_steps, or keep trainer.gradient_clip_val on"
             )
+
+
+class TokenThroughput(L.Callback):
+    """Logs train/tokens_per_s: the tokens the network read in training steps (padding
+    aside; System.batch_tokens) over the time those steps took (forward, backward, optimizer;
+    not data loading or validation), since training began, on this device. Lightning's
+    ThroughputMonitor assumes every batch holds as many samples; ours hold a token budget."""
+
+    def __init__(self) -> None:
+        self.tokens, self.seconds, self.started = 0, 0.0, 0.0
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.tokens, self.seconds = 0, 0.0
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, module: L.LightningModule, batch: Any, index: int
+    ) -> None:
+        self.started = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: System, outputs: Any, batch: Any, index: int
+    ) -> None:
+        if module.device.type == "cuda":
+            torch.cuda.synchronize(module.device)  # the step's kernels are queued, not done
+        self.seconds += time.perf_counter() - self.started
+        self.tokens += module.batch_tokens(batch)
+        module.log("train/tokens_per_s", self.tokens / self.seconds, on_step=True, on_epoch=False)
 
 
 class AttentionMaps(L.Callback):

@@ -30,6 +30,7 @@ from attnlab.config import ConfigError
 from attnlab.plots import curves_figure, heatmap_figure, save
 
 Row = dict[str, object]
+THROUGHPUT = "train/tokens_per_s"  # attnlab.callbacks.TokenThroughput
 
 
 @dataclass
@@ -160,9 +161,20 @@ def plot_by_position(configs: list[Configuration], path: Path) -> list[Path]:
     return [save(heatmap_figure(matrix, list(accuracy), [str(p) for p in positions], title), path)]
 
 
+def plot_configuration_curves(configs: list[Configuration], metric: str, path: Path) -> list[Path]:
+    """Each configuration's validation curve of `metric`, the mean over its seeds."""
+    curves = {config.label: config.curve(metric) for config in configs}
+    curves = {label: curve for label, curve in curves.items() if curve[0]}
+    if not curves:
+        return []
+    seeds = " (mean over seeds)" if any(len(config.runs) > 1 for config in configs) else ""
+    return [save(curves_figure(curves, f"{metric}{seeds}"), path)]
+
+
 def configurations_table(configs: list[Configuration]) -> str:
-    """One row per configuration: each test metric's mean and range over its seeds, and how
-    it stands against the best on the test value of the optimized metric."""
+    """One row per configuration: each test metric's mean and range over its seeds, how it
+    stands against the best on the test value of the optimized metric, its parameters and,
+    where runs measured it, its training throughput (tokens/s over the whole run)."""
     runs = [run for config in configs for run in config.runs]
     metric = (runs[0].setting("optimized_metric") or "").replace("val/", "test/", 1)
     standings = standing(configs, metric, runs[0].setting("task.metric_mode") or "max")
@@ -174,6 +186,8 @@ def configurations_table(configs: list[Configuration]) -> str:
             cells[f"{metric} vs best"] = standings.get(config.label, "")
         status = config.runs[0].status
         cells["params"] = status.params if status else None
+        if config.values(THROUGHPUT):
+            cells["train tokens/s"] = summary(config.values(THROUGHPUT), digits=0)
         rows.append(cells)
     return markdown_table(rows)
 

@@ -10,15 +10,16 @@ RESULTS.md marks where a study's table goes:
     <!-- /results:<study> -->
 
 `attnlab results` rewrites each block from docs/results/runs/<study>/ and draws
-docs/results/<study>.png (mean accuracy by position, configurations × positions).
-`attnlab results --check` writes nothing and fails when a block differs from what the
-records give. The kinds of table:
+docs/results/<study>.png. `attnlab results --check` writes nothing and fails when a block
+differs from what the records give. The kinds of table, and their plot:
 
     probe           token and sequence accuracy beside what theory predicts (see
-                    `attnlab.studies.probe`), the rows that disagree in bold
+                    `attnlab.studies.probe`), the rows that disagree in bold; accuracy by
+                    position, configurations × positions
     extrapolation   accuracy on the trained lengths, at trained positions of longer
-                    sequences and at the positions never trained
-    configurations  every test metric, with ties within the seed spread
+                    sequences and at the positions never trained; accuracy by position
+    configurations  every test metric with ties within the seed spread, parameters and
+                    training tokens/s; the validation loss curves
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.compare.report import (
@@ -33,6 +35,7 @@ from attnlab.compare.report import (
     configurations_table,
     markdown_table,
     plot_by_position,
+    plot_configuration_curves,
     swept_keys,
 )
 from attnlab.compare.runs import Run, find_runs
@@ -134,10 +137,21 @@ def extrapolation_table(configs: list[Configuration]) -> str:
     return markdown_table(rows)
 
 
-KINDS: dict[str, Callable[[list[Configuration]], str]] = {
-    "probe": probe_table,
-    "extrapolation": extrapolation_table,
-    "configurations": configurations_table,
+@dataclass(frozen=True)
+class Kind:
+    table: Callable[[list[Configuration]], str]
+    plot: Callable[[list[Configuration], Path], list[Path]]
+    caption: str
+
+
+def validation_loss(configs: list[Configuration], path: Path) -> list[Path]:
+    return plot_configuration_curves(configs, "val/loss", path)
+
+
+KINDS = {
+    "probe": Kind(probe_table, plot_by_position, "accuracy by position"),
+    "extrapolation": Kind(extrapolation_table, plot_by_position, "accuracy by position"),
+    "configurations": Kind(configurations_table, validation_loss, "validation loss by step"),
 }
 
 
@@ -156,12 +170,12 @@ def block(study: str, kind: str, root: Path, draw: bool) -> str:
             f"are of task {', '.join(sorted(map(str, tasks)))}: use kind configurations"
         )
     configs = configurations(runs, swept_keys(runs))
-    text = KINDS[kind](configs) + "\n"
+    text = KINDS[kind].table(configs) + "\n"
     image = root / "docs" / "results" / f"{study}.png"
     if draw:
-        plot_by_position(configs, image)
+        KINDS[kind].plot(configs, image)
     if image.is_file():
-        text += f"\n![{study}: accuracy by position]({image.relative_to(root)})\n"
+        text += f"\n![{study}: {KINDS[kind].caption}]({image.relative_to(root)})\n"
     return text
 
 

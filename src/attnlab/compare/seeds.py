@@ -33,6 +33,12 @@ class Configuration:
         values = self.values(metric)
         return sum(values) / len(values) if values else None
 
+    def curve(self, metric: str) -> tuple[list[int], list[float]]:
+        """The mean of `metric` over the seeds at each step that every seed logged."""
+        series = [dict(run.metrics.get(metric, [])) for run in self.runs]
+        steps = sorted(set.intersection(*(set(values) for values in series)))
+        return steps, [sum(values[step] for values in series) / len(series) for step in steps]
+
     def by_position(self) -> dict[int, float]:
         """Mean accuracy at each position over the seeds that measured it."""
         found: dict[int, list[float]] = {}

@@ -72,3 +72,7 @@ class System(L.LightningModule):
     def check_lengths(self, data: TaskData) -> None:
         """Raise a ConfigError if the data's sequences exceed what the model can take."""
         raise NotImplementedError
+
+    def batch_tokens(self, batch: Any) -> int:
+        """The tokens of `batch` the network reads in a training step, padding aside."""
+        raise NotImplementedError

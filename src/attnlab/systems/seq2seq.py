@@ -101,6 +101,12 @@ class Seq2SeqSystem(System):
         self.net.encoder.check_length(data.max_seq_len)
         self.net.decoder.check_length(data.max_seq_len, data.max_seq_len)
 
+    def batch_tokens(self, batch: dict[str, Tensor]) -> int:
+        # each source with its EOS, and the decoder's input (teacher forcing: all but the last
+        # column, so BOS, the target, and the EOS of rows shorter than the longest)
+        src, read = batch["src"], batch["tgt"][:, :-1]
+        return int((src != self.pad_id).sum() + (read != self.pad_id).sum())
+
     def logits(self, batch: dict[str, Tensor]) -> Tensor:
         src, tgt = batch["src"], batch["tgt"]
         return self.net(src, src == self.pad_id, tgt[:, :-1])

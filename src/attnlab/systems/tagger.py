@@ -93,6 +93,9 @@ class TaggerSystem(System):
                 f"task.data.eval_max_len={needed} so that its output covers them"
             )
 
+    def batch_tokens(self, batch: dict[str, Tensor]) -> int:
+        return int((~batch["padding"]).sum())
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         return self._step(batch, "train")
 

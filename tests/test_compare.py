@@ -112,6 +112,18 @@ def test_one_run_and_a_running_run_compare_too(tmp_path):
     assert comparison.failed == []
 
 
+def test_a_resumed_job_is_still_the_configuration_of_its_sweep(tmp_path):
+    """Resuming (`train.py run_dir=<job>`) rewrites the job's overrides: ckpt_path comes in,
+    display settings go. Neither makes it a different configuration."""
+    fake_run(tmp_path / "0", ["pe=none", *QUIET], [{"step": 5, "val/acc": 0.4}])
+    resumed = ["pe=rope", "extras.print_config=false", "ckpt_path=1/checkpoints/last.ckpt"]
+    fake_run(tmp_path / "1", resumed, [{"step": 5, "val/acc": 0.5}])
+    compare(tmp_path)
+    rows = read_csv(tmp_path / "comparison.csv")
+    assert [row["pe"] for row in rows] == ["rope", "none"]
+    assert list(rows[0])[:3] == ["run", "pe", "state"], "pe is the only swept key"
+
+
 def test_a_directory_without_runs_is_one_sentence(tmp_path):
     with pytest.raises(ConfigError, match="holds no runs"):
         compare(tmp_path)

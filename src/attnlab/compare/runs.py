@@ -20,6 +20,9 @@ from attnlab.status import RunStatus
 
 BY_POSITION = re.compile(r"(?P<stage>\w+)/acc_pos/(?P<position>\d+)")
 Series = list[tuple[int, float]]  # (step, value)
+# Overrides that say how a run was started or shown, not what it trains: a resumed sweep job
+# gains ckpt_path and loses its display settings, and is still the same configuration.
+HOW_STARTED = re.compile(r"ckpt_path|run_dir|extras\..+|callbacks\.progress_bar\..+")
 
 
 @dataclass
@@ -105,7 +108,11 @@ def read_run(run_dir: Path, root: Path) -> Run:
     return Run(
         path=run_dir,
         name=str(run_dir.relative_to(root)) if run_dir != root else run_dir.name,
-        overrides=dict(parse_override(str(item)) for item in overrides),
+        overrides={
+            key: value
+            for key, value in map(parse_override, map(str, overrides))
+            if not HOW_STARTED.fullmatch(key)
+        },
         config=OmegaConf.load(hydra_dir / "config.yaml"),
         metrics=read_metrics(run_dir / "csv" / "metrics.csv"),
         status=status.read(run_dir),

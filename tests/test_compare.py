@@ -124,6 +124,19 @@ def test_a_resumed_job_is_still_the_configuration_of_its_sweep(tmp_path):
     assert list(rows[0])[:3] == ["run", "pe", "state"], "pe is the only swept key"
 
 
+def test_a_run_left_at_a_default_shows_the_default(tmp_path):
+    """One run of a sweep changed the normalizer and the seed: the others read softmax and
+    their config's seed, not blanks."""
+    fake_run(tmp_path / "0", ["pe=rope"], [{"step": 5, "val/acc": 0.4}])
+    fake_run(tmp_path / "1", ["pe=rope", "norm=l2", "seed=1"], [{"step": 5, "val/acc": 0.5}])
+    config = tmp_path / "0" / ".hydra" / "config.yaml"
+    stored = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**stored, "norm": {"name": "softmax"}, "seed": 42}))
+    compare(tmp_path)
+    rows = read_csv(tmp_path / "comparison.csv")
+    assert [(row["norm"], row["seed"]) for row in rows] == [("l2", "1"), ("softmax", "42")]
+
+
 def test_a_directory_without_runs_is_one_sentence(tmp_path):
     with pytest.raises(ConfigError, match="holds no runs"):
         compare(tmp_path)

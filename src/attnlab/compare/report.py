@@ -52,14 +52,13 @@ class Comparison:
 def swept_keys(runs: list[Run]) -> list[str]:
     """Override keys whose value differs between runs, in command-line order."""
     keys = list(dict.fromkeys(key for run in runs for key in run.overrides))
-    return [k for k in keys if len({run.overrides.get(k) for run in runs}) > 1]
+    return [k for k in keys if len({run.value(k) for run in runs}) > 1]
 
 
 def labels(runs: list[Run], keys: list[str]) -> dict[str, str]:
     """A legend label per run name: its swept overrides (its name where that is ambiguous)."""
     found = {
-        run.name: ",".join(f"{k}={run.overrides[k]}" for k in keys if k in run.overrides)
-        for run in runs
+        run.name: ",".join(f"{k}={run.value(k)}" for k in keys if run.value(k)) for run in runs
     }
     counts = list(found.values()).count
     return {name: text if text and counts(text) == 1 else name for name, text in found.items()}
@@ -83,7 +82,7 @@ def row(run: Run, keys: list[str], test_metrics: list[str]) -> Row:
     metric = run.setting("optimized_metric") or ""
     mode = run.setting("task.metric_mode") or "max"
     cells: Row = {"run": run.name}
-    cells.update({key: number_or_text(run.overrides.get(key, "")) for key in keys})
+    cells.update({key: number_or_text(run.value(key)) for key in keys})
     if not keys:
         cells["overrides"] = ",".join(f"{k}={v}" for k, v in run.overrides.items())
     cells.update(

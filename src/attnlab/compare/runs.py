@@ -39,6 +39,15 @@ class Run:
         value = OmegaConf.select(self.config, key, default=None, throw_on_resolution_failure=False)
         return None if value is None else str(value)
 
+    def value(self, key: str) -> str:
+        """Its value of an override key: the override, else what its config holds there (a
+        group's name, so that a run left at the default norm reads `softmax`), else ""."""
+        if key in self.overrides:
+            return self.overrides[key]
+        node = OmegaConf.select(self.config, key, default=None, throw_on_resolution_failure=False)
+        found = self.setting(f"{key}.name") if isinstance(node, DictConfig) else self.setting(key)
+        return found or ""
+
     @property
     def state(self) -> str:
         """completed, failed, interrupted, running, or unfinished (a run that stopped without

@@ -54,7 +54,7 @@ def configurations(runs: list[Run], keys: list[str]) -> list[Configuration]:
     grouped: dict[tuple[str, ...], Configuration] = {}
     setting_keys = [key for key in keys if key != SEED]
     for run in runs:
-        setting = {key: run.overrides.get(key, "") for key in setting_keys}
+        setting = {key: run.value(key) for key in setting_keys}
         key = tuple(setting.values())
         grouped.setdefault(key, Configuration(setting, [])).runs.append(run)
     return list(grouped.values())

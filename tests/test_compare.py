@@ -46,7 +46,7 @@ def fake_run(
         writer = csv.DictWriter(file, ["epoch", "step", *columns])
         writer.writeheader()
         writer.writerows(rows)
-    status = RunStatus(state, time.time() - 90, params=1234, error=error)
+    status = RunStatus(state, time.time(), params=1234, error=error)
     if pid is not None:
         status.pid = pid
     if state != "running":

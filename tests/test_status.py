@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -54,8 +56,24 @@ def test_a_running_run_whose_process_is_gone_is_not_alive(tmp_path):
     child.wait()
     gone = status.RunStatus("running", 0.0, pid=child.pid)
     assert not gone.alive()
-    assert status.RunStatus("running", 0.0).alive(), "this process is alive"
+    assert status.RunStatus("running", time.time()).alive(), "this process is alive"
+    assert not status.RunStatus("running", 0.0).alive(), "a pid reused by a later process"
     elsewhere = status.RunStatus("running", 0.0, pid=child.pid, host="another-host")
     assert elsewhere.alive(), "a process on another host cannot be checked: assume it runs"
     gone.write(tmp_path)
     assert json.loads((tmp_path / status.FILE).read_text())["pid"] == child.pid
+
+
+def test_a_killed_run_ends_when_it_last_wrote_and_its_resumption_counts_only_that(tmp_path):
+    """A run killed without recording its end (SIGKILL, a lost machine) ran until it last
+    wrote its metrics or a checkpoint, not until someone looked at it."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    started = time.time() - 3600
+    status.RunStatus("running", started, pid=child.pid).write(tmp_path)
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text("step\n1\n")
+    os.utime(tmp_path / "csv" / "metrics.csv", (started + 100, started + 100))
+    assert status.read(tmp_path).wall_time == pytest.approx(100)
+    with status.tracking(tmp_path, resumed=True) as tracker:
+        assert tracker.status.earlier == pytest.approx(100)

@@ -40,7 +40,8 @@ class RunStatus:
 
     def alive(self) -> bool:
         """Whether a run in state "running" still is: false when its process on this host is
-        gone (killed without a chance to record it); true when it runs on another host."""
+        gone (killed without a chance to record it), or when its pid now belongs to a process
+        that started after the run did; true when it runs on another host."""
         if self.host != socket.gethostname():
             return True
         try:
@@ -49,7 +50,8 @@ class RunStatus:
             return False
         except PermissionError:
             return True
-        return True
+        started = process_start(self.pid)
+        return started is None or started <= self.started + 1.0
 
     def write(self, run_dir: Path) -> None:
         """Replace the file in one step, so that a reader never sees half of it."""
@@ -65,8 +67,31 @@ class RunStatus:
             self.traceback = "".join(traceback.format_exception(error))
 
 
+def process_start(pid: int) -> float | None:
+    """When process `pid` started, in seconds since the epoch (Linux /proc); None where that
+    cannot be read."""
+    try:
+        after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        return boot + int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def last_written(run_dir: Path, default: float) -> float:
+    """When training last wrote to `run_dir` (metrics, checkpoints): the end of a run killed
+    without recording it, to within one flush of its metrics."""
+    files = [f for name in ("csv", "checkpoints") for f in (run_dir / name).glob("*")]
+    return max((f.stat().st_mtime for f in files if f.is_file()), default=default)
+
+
 def read(run_dir: Path) -> RunStatus | None:
-    """The status a run recorded; None where it recorded none (or not in this format)."""
+    """The status a run recorded; None where it recorded none (or not in this format). A run
+    whose process died without recording its end gets the time it last wrote as its end."""
     try:
         data = json.loads((run_dir / FILE).read_text())
     except (OSError, ValueError):
@@ -74,7 +99,10 @@ def read(run_dir: Path) -> RunStatus | None:
     known = {f.name for f in fields(RunStatus)}
     if not isinstance(data, dict) or data.get("state") not in STATES or "started" not in data:
         return None
-    return RunStatus(**{k: v for k, v in data.items() if k in known})
+    found = RunStatus(**{k: v for k, v in data.items() if k in known})
+    if found.ended is None and not found.alive():
+        found.ended = last_written(run_dir, default=found.started)
+    return found
 
 
 class Tracker:

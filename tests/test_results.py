@@ -19,7 +19,7 @@ from test_compare import fake_run
 from attnlab.compare.report import compare
 from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
-from attnlab.compare.seeds import configurations, standing, summary
+from attnlab.compare.seeds import best_first, configurations, standing, summary
 from attnlab.config import ConfigError
 
 FIXTURE = Path(__file__).parent / "data" / "results"
@@ -155,6 +155,12 @@ def test_runs_that_differ_only_in_their_seed_form_one_configuration(tmp_path):
         "pe=rope": "below",
     }
     assert standing([*configs[:1], configurations(runs[:1], ["pe"])[0]], "test/acc", "max") == {}
+    fake_run(tmp_path / "6", ["pe=xl", "seed=0"], [{"step": 1, "val/acc": 0.5}])
+    with_unmeasured = configurations(find_runs(tmp_path), ["pe", "seed"])
+    assert [c.label for c in best_first(with_unmeasured, "test/acc", "min")] == [
+        "pe=none", "pe=t5", "pe=rope", "pe=xl"
+    ]  # fmt: skip
+    assert best_first(configs, "test/acc", "max")[0].label == "pe=rope"
 
 
 def test_a_configurations_curve_is_the_mean_over_seeds_at_the_steps_all_of_them_logged(tmp_path):

@@ -40,11 +40,14 @@ def attention_figure(maps: Mapping[str, np.ndarray], title: str) -> Figure:
 def curves_figure(
     curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], metric: str
 ) -> Figure:
-    """Every run's (steps, values) of one metric on one axis."""
+    """Every run's (steps, values) of one metric on one axis; past the 10 colours of the
+    cycle, curves are told apart by their line style."""
     figure = Figure(figsize=(7.5, 4.0))
     ax = figure.subplots()
-    for label, (steps, values) in curves.items():
-        ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=label)
+    for index, (label, (steps, values)) in enumerate(curves.items()):
+        style = ("-", "--", ":", "-.")[index // 10 % 4]
+        marker = "." if len(steps) < 30 else None
+        ax.plot(steps, values, linestyle=style, marker=marker, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)

@@ -25,7 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.compare.runs import BY_POSITION, Run, find_runs
-from attnlab.compare.seeds import SEED, Configuration, configurations, standing, summary
+from attnlab.compare.seeds import (
+    SEED,
+    Configuration,
+    best_first,
+    configurations,
+    standing,
+    summary,
+)
 from attnlab.config import ConfigError
 from attnlab.plots import curves_figure, heatmap_figure, save
 
@@ -160,9 +167,19 @@ def plot_by_position(configs: list[Configuration], path: Path) -> list[Path]:
     return [save(heatmap_figure(matrix, list(accuracy), [str(p) for p in positions], title), path)]
 
 
+def ranked(configs: list[Configuration]) -> tuple[list[Configuration], str, str]:
+    """The configurations best first on the test value of the optimized metric, that metric
+    and its mode (max or min)."""
+    first = configs[0].runs[0]
+    metric = (first.setting("optimized_metric") or "").replace("val/", "test/", 1)
+    mode = first.setting("task.metric_mode") or "max"
+    return best_first(configs, metric, mode), metric, mode
+
+
 def plot_configuration_curves(configs: list[Configuration], metric: str, path: Path) -> list[Path]:
-    """Each configuration's validation curve of `metric`, the mean over its seeds."""
-    curves = {config.label: config.curve(metric) for config in configs}
+    """Each configuration's validation curve of `metric`, the mean over its seeds, in the
+    order of the configurations table."""
+    curves = {config.label: config.curve(metric) for config in ranked(configs)[0]}
     curves = {label: curve for label, curve in curves.items() if curve[0]}
     if not curves:
         return []
@@ -171,14 +188,15 @@ def plot_configuration_curves(configs: list[Configuration], metric: str, path: P
 
 
 def configurations_table(configs: list[Configuration]) -> str:
-    """One row per configuration: each test metric's mean and range over its seeds, how it
-    stands against the best on the test value of the optimized metric, its parameters and,
-    where runs measured it, its training throughput (tokens/s over the whole run)."""
+    """One row per configuration, best first on the test value of the optimized metric: each
+    test metric's mean and range over its seeds, how it stands against the best, its
+    parameters and, where runs measured it, its training throughput (tokens/s over the whole
+    run)."""
     runs = [run for config in configs for run in config.runs]
-    metric = (runs[0].setting("optimized_metric") or "").replace("val/", "test/", 1)
-    standings = standing(configs, metric, runs[0].setting("task.metric_mode") or "max")
+    ordered, metric, mode = ranked(configs)
+    standings = standing(configs, metric, mode)
     rows: list[Row] = []
-    for config in configs:
+    for config in ordered:
         cells: Row = {**config.setting, "seeds": len(config.runs)}
         cells.update({name: summary(config.values(name)) for name in metric_names(runs, "test/")})
         if standings:

@@ -70,6 +70,16 @@ def summary(values: list[float], digits: int = 3) -> str:
     return f"{mean} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
+def best_first(configs: list[Configuration], metric: str, mode: str) -> list[Configuration]:
+    """The configurations by their mean of `metric`, best first; those without it last."""
+
+    def key(config: Configuration) -> tuple[bool, float]:
+        mean = config.mean(metric)
+        return (mean is None, -(mean or 0.0) if mode == "max" else (mean or 0.0))
+
+    return sorted(configs, key=key)
+
+
 def standing(configs: list[Configuration], metric: str, mode: str) -> dict[str, str]:
     """Per configuration label: "best", "tie" (its range overlaps the best's) or "below";
     nothing where some configuration has fewer than two seeds."""

@@ -56,10 +56,14 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
 
+# epoch is logged on some rows only; tokens/s is a wall-clock reading, different in any two runs
+NOT_COMPARED = {"epoch", "train/tokens_per_s"}
+
+
 def metric_rows(run_dir: Path) -> list[tuple]:
     with (run_dir / "csv" / "metrics.csv").open() as file:
         return sorted(
-            tuple(sorted((k, v) for k, v in row.items() if v and k != "epoch"))
+            tuple(sorted((k, v) for k, v in row.items() if v and k not in NOT_COMPARED))
             for row in csv.DictReader(file)
         )
 

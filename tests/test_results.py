@@ -174,7 +174,16 @@ def test_a_configurations_curve_is_the_mean_over_seeds_at_the_steps_all_of_them_
 
 
 @pytest.mark.parametrize(
-    ("values", "text"), [([], ""), ([0.5], "0.500"), ([1.0, 0.9, 0.95], "0.950 (0.900–1.000)")]
+    ("values", "text"),
+    [
+        ([], ""),
+        ([0.5], "0.500"),
+        ([1.0, 0.9, 0.95], "0.950 (0.900–1.000)"),
+        ([0.0], "0.000"),
+        ([0.000158, 0.000146], "0.000152 (0.000146–0.000158)"),
+        ([0.00912], "0.00912"),
+        ([0.012], "0.012"),
+    ],
 )
 def test_a_summary_is_the_mean_and_the_range_over_seeds(values, text):
     assert summary(values) == text

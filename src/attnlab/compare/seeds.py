@@ -60,14 +60,22 @@ def configurations(runs: list[Run], keys: list[str]) -> list[Configuration]:
     return list(grouped.values())
 
 
+def number(value: float, digits: int = 3) -> str:
+    """`digits` decimals, or `digits` significant digits for a value those decimals would
+    show as zero (a distinct-1 of 0.000158 is not 0.000)."""
+    if value != 0 and abs(value) < 10 ** (1 - digits):
+        return f"{value:.{digits}g}"
+    return f"{value:.{digits}f}"
+
+
 def summary(values: list[float], digits: int = 3) -> str:
     """The mean, and the range over seeds where there are several: "0.981 (0.962–1.000)"."""
     if not values:
         return ""
-    mean = f"{sum(values) / len(values):.{digits}f}"
+    mean = number(sum(values) / len(values), digits)
     if len(values) == 1:
         return mean
-    return f"{mean} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+    return f"{mean} ({number(min(values), digits)}–{number(max(values), digits)})"
 
 
 def best_first(configs: list[Configuration], metric: str, mode: str) -> list[Configuration]:

@@ -6,7 +6,8 @@ and every setting that shapes the model: a changed setting trains a new model, a
 one is loaded and never retrained. A checkpoint stores its model's bytes, and
 `from_serialized` restores them, so evaluation always uses the vocabulary a model was
 trained with, whatever data it is pointed at. Each entry holds `spm.model`, `spm.vocab` and
-`identity.json` (what the key was made of, for people browsing the cache).
+`identity.json` (what the key was made of, for people browsing the cache) and the entry's
+record (attnlab.data.record): a damaged model file is found and the model retrained.
 
 Special ids are fixed so that every model, batch and decoder agrees on them:
 pad 0, unk 1, bos 2, eos 3.
@@ -17,6 +18,7 @@ pad 0, unk 1, bos 2, eos 3.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -31,6 +33,7 @@ import sentencepiece as spm
 from filelock import FileLock, Timeout
 
 from attnlab.config import ConfigError
+from attnlab.data.record import record_problem, write_record
 
 log = logging.getLogger(__name__)
 
@@ -48,32 +51,69 @@ def cache_key(identity: Mapping[str, Any]) -> str:
 def build_once(directory: Path, build: Callable[[Path], None]) -> bool:
     """Create `directory` by calling `build(partial_directory)` unless it exists already.
 
-    A file lock serializes processes asking for the same entry (DDP ranks on one node: the
-    first builds, the others wait and reuse it), and the final rename means an interrupted
+    An existing entry is checked against its record (attnlab.data.record) and, if whole,
+    read without taking a lock or writing anything, so a read-only shared cache serves. A
+    missing entry is built, a damaged one rebuilt (one warning says what was wrong), under a
+    file lock that serializes processes asking for the same entry (DDP ranks on one node:
+    the first builds, the others wait and reuse it); the final rename means an interrupted
     build never leaves an entry that looks complete. Returns whether it built the entry.
     """
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(f"{directory}.lock")
+    problem = entry_problem(directory)
+    if problem is None:
+        return False
+    lock = acquire_build_lock(directory, problem)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.info("waiting for another process to finish %s", directory)
-        lock.acquire()
-    try:
-        if directory.is_dir():
-            return False
+        problem = entry_problem(directory)
+        if problem is None:
+            return False  # another process built it while this one waited
+        if problem != MISSING:
+            log.warning("the cache entry %s is %s: rebuilding it", directory, problem)
         partial = directory.with_name(f"{directory.name}.partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
         try:
             build(partial)
+            write_record(partial)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
+        if directory.is_dir():
+            shutil.rmtree(directory)
         partial.rename(directory)
         return True
     finally:
         lock.release()
+
+
+MISSING = "missing"
+
+
+def entry_problem(directory: Path) -> str | None:
+    """None for a whole entry; else why it must be built: MISSING, or damaged and how."""
+    if not directory.is_dir():
+        return MISSING
+    damage = record_problem(directory)
+    return None if damage is None else f"damaged ({damage})"
+
+
+def acquire_build_lock(directory: Path, problem: str) -> FileLock:
+    """The lock for building `directory`, held; a ConfigError if its parent is not writable."""
+    lock = FileLock(f"{directory}.lock")
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("waiting for another process to finish %s", directory)
+        lock.acquire()
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise ConfigError(
+            f"the cache entry {directory} is {problem} and cannot be built because "
+            f"{directory.parent} is not writable: make it writable, or pass "
+            "paths.data_dir=<a writable directory> to build the caches there"
+        ) from None
+    return lock
 
 
 @dataclass(frozen=True)

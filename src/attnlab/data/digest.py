@@ -5,11 +5,13 @@ A file is read (SHA-256, about 0.9 GB/s on this machine's CPU) when its stat sta
 size, mtime, ctime, inode) is new, and the digest is remembered under that stamp. An edit
 that keeps the size and the modification time (`cp -p`, `rsync -a`, untarring) still
 changes the ctime or the inode, so the file is read again; if its bytes are the same, so is
-its digest, and the caches built from it serve on.
+its digest, and the caches built from it serve on. Where `memo_dir` is not writable (a
+read-only shared cache), digests are computed but not remembered.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -33,8 +35,12 @@ def file_digest(path: Path, memo_dir: Path) -> str:
         pass
     with path.open("rb") as file:
         digest = hashlib.file_digest(file, "sha256").hexdigest()
-    memo_dir.mkdir(parents=True, exist_ok=True)
-    partial = memo.with_name(f".{memo.name}.{os.getpid()}")
-    partial.write_text(json.dumps({"stamp": current, "sha256": digest}))
-    partial.replace(memo)
+    try:
+        memo_dir.mkdir(parents=True, exist_ok=True)
+        partial = memo.with_name(f".{memo.name}.{os.getpid()}")
+        partial.write_text(json.dumps({"stamp": current, "sha256": digest}))
+        partial.replace(memo)
+    except OSError as error:  # a read-only shared cache: the file is read again next time
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
     return digest

@@ -6,9 +6,10 @@ Vocabulary: one SentencePiece model for both sides (`joint_vocab`) or one per si
 on a fixed sample of `tokenizer_pairs` training pairs and cached (attnlab.tokenizer). Each
 split is tokenized once into the token cache (attnlab.data.cache), keyed by the corpus's
 content, the sides and the tokenizers. Caches are built in `prepare_data`; `setup`,
-`model_kwargs()` and `max_seq_len` open them, building whatever is missing under a file lock
-(so that every DDP rank may ask, and the model may be built before Lightning calls
-`prepare_data`).
+`model_kwargs()` and `max_seq_len` open them, building whatever is missing or damaged under
+a file lock (so that every DDP rank may ask, and the model may be built before Lightning
+calls `prepare_data`). A whole cache is checked against its record and read without the lock,
+so a read-only shared cache serves (attnlab.tokenizer.build_once).
 
 Batching (`Batching`): training pairs longer than `max_len` tokens or with a token-count
 ratio above `max_len_ratio` are dropped (and counted); `train_size` keeps a random sample.

@@ -1,14 +1,23 @@
-"""Reading text files: line counts, UTF-8 lines that name their bad bytes, chunks."""
+"""Reading text files: line counts, chunks, and `read_lines`, the one reader of data files
+(translation pairs and the references they are scored against, dialogues), so that every
+file's text is normalized alike: a byte order mark at its start dropped, whitespace
+stripped. Bytes that are not UTF-8, and control characters (a binary file), stop with the
+file and line.
+"""
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from attnlab.config import ConfigError
+
+NOT_TEXT = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")  # C0 controls but tab, LF and CR
 
 
 def available_cores() -> int:
@@ -28,17 +37,28 @@ def count_lines(path: Path) -> int:
 
 
 def read_lines(path: Path) -> Iterator[str]:
-    """The whitespace-stripped lines of a UTF-8 file; bad bytes stop with the line number."""
+    """The normalized lines of a UTF-8 text file (the module docstring)."""
     with path.open("rb") as file:
         for number, raw in enumerate(file, 1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise ConfigError(
-                    f"{path} line {number} is not valid UTF-8 ({error.reason} at byte "
-                    f"{error.start} of the line): re-encode the file as UTF-8 (e.g. iconv)"
-                ) from None
-            yield text.strip()
+            yield text_line(raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw, path, number)
+
+
+def text_line(raw: bytes, path: Path, number: int) -> str:
+    """Line `number` of `path`, decoded and stripped; a ConfigError if it is not text."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path} line {number} is not valid UTF-8 ({error.reason} at byte "
+            f"{error.start} of the line): re-encode the file as UTF-8 (e.g. iconv)"
+        ) from None
+    if control := NOT_TEXT.search(raw):  # UTF-8 never uses these bytes inside a character
+        raise ConfigError(
+            f"{path} line {number} holds the control character 0x{control[0][0]:02x} at byte "
+            f"{control.start()} of the line, which is not text (a binary file?): give a "
+            "UTF-8 text file, or remove the character"
+        )
+    return text.strip()
 
 
 def chunked(items: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,9 @@ def test_eval_reproduces_the_test_metric_of_a_run(make_config, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     line = next(line for line in result.stdout.splitlines() if line.startswith("test/acc"))
     assert float(line.split()[-1]) == pytest.approx(metrics["test/acc"], abs=1e-4)
-    assert "pe            rope" in result.stdout and "norm          l2" in result.stdout
+    assert re.search(r"^pe +rope$", result.stdout, re.M) and re.search(
+        r"^norm +l2$", result.stdout, re.M
+    )
 
 
 @pytest.mark.slow

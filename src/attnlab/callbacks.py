@@ -1,7 +1,9 @@
-"""Lightning callbacks of our own (conf/callbacks/default.yaml lists every callback of a run)."""
+"""Lightning callbacks of our own: conf/callbacks/default.yaml lists the optional ones;
+ValidateAtEnd and ScoredExamples are part of every trainer (`attnlab.run.build_trainer`)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -9,11 +11,14 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.config import Diverged
 from attnlab.plots import attention_figure, save
 from attnlab.systems.base import System
+
+log = logging.getLogger(__name__)
 
 
 class FiniteLoss(L.Callback):
@@ -90,3 +95,69 @@ class AttentionMaps(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.log_image("attention", [str(path)], step=trainer.global_step)
+
+
+class ValidateAtEnd(L.Callback):
+    """Every run validates its final weights, so that a best checkpoint and validation
+    metrics exist for every finished run. Lightning validates where an epoch (or
+    val_check_interval) ends; a step budget (trainer.max_steps) that ends training inside an
+    epoch, or a last epoch that check_val_every_n_epoch skips, would end without validating.
+    Asking the loop to stop at the last step makes it validate before it stops."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        last_epoch = (
+            trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+        )
+        if last_epoch and trainer.check_val_every_n_epoch is not None:
+            trainer.check_val_every_n_epoch = 1
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, index: int
+    ) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True
+
+
+class ScoredExamples(L.Callback):
+    """How many examples an evaluation scored, out of how many its split holds: logged as
+    `<split>/examples` and `<split>/examples_total`, and said in the log. A partial score
+    (trainer.limit_val_batches, limit_test_batches, fast_dev_run) is a warning, once per
+    split and run, so that it is never mistaken for the whole split's."""
+
+    def __init__(self) -> None:
+        self.scored = 0
+        self.warned: set[str] = set()
+
+    def _start(self, *_: Any) -> None:
+        self.scored = 0
+
+    def _count(self, trainer: L.Trainer, module: System, outputs: Any, batch: Any, *_: Any) -> None:
+        self.scored += module.batch_examples(batch)
+
+    on_validation_epoch_start = on_test_epoch_start = _start
+    on_validation_batch_end = on_test_batch_end = _count
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, module: System) -> None:
+        if not trainer.sanity_checking:
+            self._report(trainer, module, "val", trainer.val_dataloaders)
+
+    def on_test_epoch_end(self, trainer: L.Trainer, module: System) -> None:
+        self._report(trainer, module, "test", trainer.test_dataloaders)
+
+    def _report(self, trainer: L.Trainer, module: System, split: str, loader: Any) -> None:
+        scored = int(trainer.strategy.reduce(torch.tensor(float(self.scored)), reduce_op="sum"))
+        total = len(loader.dataset)
+        # the same on every rank (scored is reduced already): syncing changes nothing
+        module.log(f"{split}/examples", float(scored), sync_dist=True, reduce_fx="max")
+        module.log(f"{split}/examples_total", float(total), sync_dist=True, reduce_fx="max")
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if scored >= total:
+            if not fitting:  # an evaluation says so; each validation of a fit need not
+                log.info("%s: scored all %d examples", split, total)
+            return
+        if split in self.warned:
+            return
+        self.warned.add(split)
+        limit = f"limit_{split}_batches"
+        why = "fast_dev_run" if trainer.fast_dev_run else f"{limit}={getattr(trainer, limit)}"
+        log.warning("%s: scored %d of %d examples (trainer.%s)", split, scored, total, why)

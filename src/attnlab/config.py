@@ -3,12 +3,15 @@
 Every option YAML names its class in `_target_` and carries `name`, `description` and
 `paper` for people and dashboards; `build` drops those three and calls the class with the
 rest, so `conf/pe/rope.yaml` reads as the keyword arguments of `attnlab.pe.rope.RoPE`.
+`build` makes attnlab's own classes only: it also builds models from what a checkpoint
+stored (their hyperparameters), and a file must not be able to name any other callable.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import inspect
 import itertools
 import os
@@ -16,12 +19,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 METADATA = ("name", "description", "paper")
 DESCRIPTIVE = ("_target_", "description", "paper")  # what a node is and where its class lives
 ARCHITECTURE = ("model", "block", "pe", "norm", "synthesizer")  # the groups weights are built for
+KERNELS = ("fast_attention", "flex_attention", "attention_chunk", "compile")  # how, not what
 
 
 _reserved: list[Path] = []  # directories unique_directory made in this process
@@ -109,6 +112,34 @@ def to_dict(node: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     return dict(node)
 
 
+def _locate(path: str) -> Any:
+    """The object a dotted path names: the longest importable module, then attributes."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise ImportError(path)
+
+
+def own_class(target: Any) -> type:
+    """The class `target` names, if it is one of attnlab's; else a ConfigError."""
+    found = None
+    if isinstance(target, str) and target.startswith("attnlab."):
+        with contextlib.suppress(ImportError, AttributeError):
+            found = _locate(target)
+    if not (inspect.isclass(found) and found.__module__.startswith("attnlab.")):
+        raise ConfigError(
+            f"_target_ {target!r} is not a class of attnlab: variants, tasks and systems are "
+            "built from attnlab's own classes (add a new one under src/attnlab/)"
+        )
+    return found
+
+
 def build(node: Mapping[str, Any] | DictConfig, **context: Any) -> Any:
     """Call `node._target_` with the node's other keys (minus metadata) and `context`.
 
@@ -122,7 +153,7 @@ def build(node: Mapping[str, Any] | DictConfig, **context: Any) -> Any:
     label = params.get("name", target)
     for key in METADATA:
         params.pop(key, None)
-    cls = get_object(target)
+    cls = own_class(target)
     accepted = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     unknown = sorted(set(params) - set(accepted)) if not takes_any else []

@@ -16,7 +16,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config import ConfigError, register_resolvers, to_dict
+from attnlab.config import ConfigError, own_class, register_resolvers, to_dict
 from attnlab.job import run_composed
 from attnlab.options import CONFIG_DIR
 from attnlab.preflight import check_setting_keys
@@ -33,8 +33,6 @@ STAGES = {"test": "test", "val": "validate"}  # split=... -> Lightning's stage
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test (or validate) the checkpoint `cfg.ckpt_path` on the configured data."""
-    from hydra.utils import get_class
-
     from attnlab import run
 
     if cfg.split not in STAGES:
@@ -46,7 +44,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     checkpoint = read_checkpoint(cfg.ckpt_path)
     check_same_model(to_dict(cfg), checkpoint[RECORD_KEY]["config"], "eval.py")
     datamodule.restore(checkpoint, STAGES[cfg.split])
-    system_class = get_class(cfg.task.system._target_)
+    system_class = own_class(cfg.task.system._target_)
     settings = {k: v for k, v in to_dict(cfg.task.system).items() if k != "_target_"}
     system = system_class.load_from_checkpoint(
         cfg.ckpt_path, map_location="cpu", weights_only=True, **settings

@@ -3,10 +3,12 @@
 `eval.py ckpt_path=...` and `train.py ckpt_path=...` / `train.py run_dir=...` put the
 overrides the run was trained with ahead of the command line's, so that the model is the
 one trained. Those overrides are read from a file, so they pass an allow-list first: group
-choices (`pe=rope`, `~logger`) and plain values of the run's own settings (`model.d_model=64`,
-`task.data.dir=...`, `paths.data_dir=...`). Anything that could name code to run
-(`_target_`, dict values) or reach into the machinery (`hydra.*`, `callbacks.*`,
-`logger.*`) is left out, and the command says so on stderr.
+choices (`pe=rope`, `~logger`) and literal values of the run's own settings
+(`model.d_model=64`, `task.data.dir=/data/multi30k`). Left out, and named on stderr:
+anything that could name code to run (`_target_`, dicts, an interpolation or resolver such
+as `${oc.env:HOME}` anywhere in a value), reach into the machinery (`hydra.*`,
+`callbacks.*`, `logger.*`), or choose where output goes (`paths.*`, `*.dirpath`, ...): a
+file never decides that.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
-from attnlab.config import ARCHITECTURE, DESCRIPTIVE, ConfigError, flatten
+from attnlab.config import ARCHITECTURE, DESCRIPTIVE, KERNELS, ConfigError, flatten
 
 RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
 LAST = "last.ckpt"  # the latest state of a run, in <run dir>/checkpoints/
@@ -29,8 +31,12 @@ GROUPS = (
     "extras", "experiment", "hparams_search", "debug",
 )  # fmt: skip
 SETTINGS = (
-    "task", "pe", "norm", "synthesizer", "model", "block", "trainer", "decode", "paths", "extras",
+    "task", "pe", "norm", "synthesizer", "model", "block", "trainer", "decode", "extras",
 )  # fmt: skip
+OUTPUT_KEYS = ("default_root_dir", "cache_dir", "dirpath", "save_dir", "output_dir", "log_dir")
+DATA_LOCATIONS = ("task.data.dir", "task.data.test_src", "task.data.test_tgt")
+# how a run was trained, not what it learned: an evaluation never takes these from the run
+TRAINING_ONLY = ("trainer", "debug", "hparams_search", "train", "test")
 TOP_VALUES = ("seed", "tags", "train", "test", "optimized_metric")
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
@@ -59,10 +65,13 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return checkpoint
 
 
-def _plain(value: Any) -> bool:
-    if isinstance(value, list):
-        return all(isinstance(item, PRIMITIVE) for item in value)
-    return isinstance(value, PRIMITIVE)
+def _literal(value: Any) -> bool:
+    """A primitive, or a list of them, that OmegaConf would not evaluate (no `${...}`)."""
+    items = value if isinstance(value, list) else [value]
+    return all(
+        isinstance(item, PRIMITIVE) and not (isinstance(item, str) and "${" in item)
+        for item in items
+    )
 
 
 def _allowed(override: Override) -> bool:
@@ -71,19 +80,24 @@ def _allowed(override: Override) -> bool:
     if any(part.startswith("_") for part in parts) or override.is_sweep_override():
         return False
     if len(parts) == 1 and key in GROUPS:  # a group choice, or deleting one
-        if override.is_delete():
-            return True
+        package = override.package
+        if package not in (None, "") and package.split(".")[0] != key:
+            return False  # `pe@pe.base=rope` places an option inside its group, nowhere else
         value = override.value()
+        if override.is_delete() and value is None:
+            return True
         return isinstance(value, str) and OPTION_NAME.fullmatch(value) is not None
+    if parts[-1] in OUTPUT_KEYS:
+        return False
     if (parts[0] in SETTINGS and len(parts) > 1) or key in TOP_VALUES:
-        return override.is_delete() or _plain(override.value())
+        return _literal(override.value())
     return False
 
 
 def allowed_overrides(stored: list[str], source: str) -> list[str]:
     """The stored overrides that may be applied again; the others are logged and left out."""
     try:
-        parsed = OverridesParser.create().parse_overrides(list(stored))
+        parsed = _parse(stored)
     except Exception as error:
         raise ConfigError(f"{source} stores overrides that do not parse ({error})") from None
     kept = [text for text, override in zip(stored, parsed, strict=True) if _allowed(override)]
@@ -115,12 +129,60 @@ def stored_record(args: list[str]) -> dict[str, Any] | None:
     return None if path in (None, "null") else read_checkpoint(path)[RECORD_KEY]
 
 
+def _parse(overrides: list[str]) -> list[Override]:
+    return OverridesParser.create().parse_overrides(list(overrides))
+
+
+def absolute_locations(overrides: list[str], root: str | Path) -> list[str]:
+    """`overrides` with each relative data location (task.data.dir, ...) made absolute
+    against `root`, the directory the run was launched from, so that a run read back from
+    another directory finds the same files, or none."""
+    located = []
+    for text, override in zip(overrides, _parse(overrides), strict=True):
+        value = override.value() if override.key_or_group in DATA_LOCATIONS else None
+        if isinstance(value, str) and not Path(value).is_absolute() and "'" not in value:
+            prefix = text[: text.index(override.key_or_group)]
+            text = f"{prefix}{override.key_or_group}='{(Path(root) / value).resolve()}'"
+        located.append(text)
+    return located
+
+
+def check_data_present(stored: list[str], args: list[str], program: str) -> None:
+    """Refuse a stored data location that is gone, unless `args` give another: reading what
+    now happens to be elsewhere would evaluate (or train on) other data."""
+    given = {override.key_or_group for override in _parse(args)}
+    for override in _parse(stored):
+        key, value = override.key_or_group, override.value()
+        missing = isinstance(value, str) and not Path(value).exists()
+        if key in DATA_LOCATIONS and key not in given and missing:
+            raise ConfigError(
+                f"the run was trained with {key}={value}, which is gone: pass {key}=<where "
+                f"that data is now> to {program}"
+            )
+
+
+def stored_overrides(record: dict[str, Any]) -> list[str]:
+    """The record's overrides that may be applied again, data locations made absolute."""
+    kept = allowed_overrides(record["overrides"], "the checkpoint")
+    return absolute_locations(kept, record["config"]["paths"]["root_dir"])
+
+
 def evaluation_arguments(args: list[str]) -> list[str]:
-    """eval.py's command line: the checkpoint's allowed overrides, then `args`."""
+    """eval.py's command line: the checkpoint's allowed overrides, less how it was trained
+    (trainer settings and limits, debug configs), then `args`."""
     record = stored_record(args)
     if record is None:
         return args
-    return [*allowed_overrides(record["overrides"], "the checkpoint"), *args]
+    kept = stored_overrides(record)
+    training = [o.key_or_group.split(".")[0] in TRAINING_ONLY for o in _parse(kept)]
+    stored = [text for text, drop in zip(kept, training, strict=True) if not drop]
+    if any(training):
+        dropped = " ".join(text for text, drop in zip(kept, training, strict=True) if drop)
+        print(
+            f"attnlab: evaluating without the run's training settings: {dropped}", file=sys.stderr
+        )
+    check_data_present(stored, args, "eval.py")
+    return [*stored, *args]
 
 
 def training_arguments(args: list[str]) -> list[str] | None:
@@ -144,14 +206,17 @@ def training_arguments(args: list[str]) -> list[str] | None:
     record = stored_record(args)
     if record is None:
         return None
-    resumed = [*allowed_overrides(record["overrides"], "the checkpoint"), *args]
+    stored = stored_overrides(record)
+    check_data_present(stored, args, "train.py")
+    resumed = [*stored, *args]
     directory = run_directory(Path(argument(args, "ckpt_path")))
     return resumed + ([f"hydra.run.dir={directory}"] if directory else [])
 
 
 def check_same_model(config: dict[str, Any], stored: dict[str, Any], program: str) -> None:
     """Refuse a config whose model differs from the checkpoint's: settings both define with
-    different values (a setting only one side knows is a newer option, not a conflict)."""
+    different values (a setting only one side knows is a newer option, not a conflict;
+    the kernels that compute attention may differ, the weights are the same)."""
     mine = flatten({key: config.get(key) for key in ARCHITECTURE}) | {
         "task.name": config["task"]["name"]
     }
@@ -161,7 +226,9 @@ def check_same_model(config: dict[str, Any], stored: dict[str, Any], program: st
     differing = [
         key
         for key in mine
-        if key in theirs and mine[key] != theirs[key] and key.split(".")[-1] not in DESCRIPTIVE
+        if key in theirs
+        and mine[key] != theirs[key]
+        and key.split(".")[-1] not in (*DESCRIPTIVE, *KERNELS)
     ]
     if differing:
         changes = ", ".join(f"{k}={theirs[k]} (not {mine[k]})" for k in differing)

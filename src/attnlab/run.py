@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.callbacks import ScoredExamples, ValidateAtEnd
 from attnlab.config import ARCHITECTURE, DESCRIPTIVE, ConfigError, build, to_dict
 from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig
@@ -84,11 +85,16 @@ def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
 
 
 def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.Trainer:
+    """The trainer with the config's loggers and callbacks, `extra_callbacks`, and the two
+    every run has: validation of the final weights, and the count of examples scored."""
     loggers = [instantiate_node(node) for node in (cfg.get("logger") or {}).values()]
     callbacks = [instantiate_node(node) for node in (cfg.get("callbacks") or {}).values()]
     if not loggers:  # (~logger) Lightning refuses a LearningRateMonitor with nothing to log to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    return instantiate_node(cfg.trainer, logger=loggers, callbacks=[*callbacks, *extra_callbacks])
+    always = [ValidateAtEnd(), ScoredExamples()]
+    return instantiate_node(
+        cfg.trainer, logger=loggers, callbacks=[*callbacks, *always, *extra_callbacks]
+    )
 
 
 NOT_LOGGED = ("paths", "hydra", "logger", "callbacks", "extras")  # where outputs go, not what ran
@@ -160,7 +166,7 @@ def summary(
     shown = {
         k: v
         for k, v in sorted(metrics.items())
-        if "/acc_pos/" not in k and not k.startswith("train/lr/")
+        if "/acc_pos/" not in k and not k.startswith("train/lr/") and not k.endswith("_total")
     }
     width = max(len(k) for k in ["synthesizer", *shown])
     parts = ", ".join(f"{k} {v:,}" for k, v in counts.items() if k != "total")
@@ -170,10 +176,16 @@ def summary(
         f"{'norm':<{width}}  {cfg.norm.name}",
         f"{'synthesizer':<{width}}  {cfg.synthesizer.name}",
         f"{'parameters':<{width}}  {counts['total']:,} ({parts})",
-        *(f"{k:<{width}}  {v:.4f}" for k, v in shown.items()),
+        *(f"{k:<{width}}  {_shown(k, v, metrics)}" for k, v in shown.items()),
         f"{'run dir':<{width}}  {run_dir}",
     ]
     return "\n".join(lines)
+
+
+def _shown(key: str, value: float, metrics: dict[str, float]) -> str:
+    if key.endswith("/examples"):
+        return f"{value:,.0f} of {metrics.get(f'{key}_total', float('nan')):,.0f}"
+    return f"{value:.4f}"
 
 
 def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:

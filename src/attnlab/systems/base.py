@@ -76,3 +76,7 @@ class System(L.LightningModule):
     def batch_tokens(self, batch: Any) -> int:
         """The tokens of `batch` the network reads in a training step, padding aside."""
         raise NotImplementedError
+
+    def batch_examples(self, batch: Any) -> int:
+        """The examples (sequences, pairs) `batch` holds."""
+        raise NotImplementedError

@@ -107,6 +107,9 @@ class Seq2SeqSystem(System):
         src, read = batch["src"], batch["tgt"][:, :-1]
         return int((src != self.pad_id).sum() + (read != self.pad_id).sum())
 
+    def batch_examples(self, batch: dict[str, Tensor]) -> int:
+        return batch["src"].shape[0]
+
     def logits(self, batch: dict[str, Tensor]) -> Tensor:
         src, tgt = batch["src"], batch["tgt"]
         return self.net(src, src == self.pad_id, tgt[:, :-1])

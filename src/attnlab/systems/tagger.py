@@ -96,6 +96,9 @@ class TaggerSystem(System):
     def batch_tokens(self, batch: dict[str, Tensor]) -> int:
         return int((~batch["padding"]).sum())
 
+    def batch_examples(self, batch: dict[str, Tensor]) -> int:
+        return batch["padding"].shape[0]
+
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         return self._step(batch, "train")
 

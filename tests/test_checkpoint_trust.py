@@ -1,0 +1,151 @@
+"""What a run reads back from its files is data, never code and never a destination: stored
+overrides are literals (no interpolation, resolver or object), `paths.*` and other output
+locations are never taken from a file, and a checkpoint's hyperparameters build attnlab's
+own classes only. Each case runs the real command (eval.py ckpt_path=, train.py
+ckpt_path=, train.py run_dir=) from a fresh working directory and checks that nothing was
+made outside that directory's logs/ and the run directory."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT
+
+from attnlab.resume import RECORD_KEY, allowed_overrides
+
+RUN = [
+    "model=tiny", "trainer.max_epochs=1", "task.data.train_size=64", "task.data.max_len=8",
+    "extras.print_config=false", "callbacks.progress_bar.refresh_rate=0",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """The directory of a finished 1-epoch tiny probe run."""
+    run_dir = tmp_path_factory.mktemp("trained")
+    command = [sys.executable, "train.py", *RUN, "test=false", f"hydra.run.dir={run_dir}"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return run_dir
+
+
+def tree(root: Path) -> set[Path]:
+    return set(root.rglob("*"))
+
+
+def tampered(trained: Path, tmp_path: Path, stored: list[str]) -> Path:
+    """A copy of the trained run whose last.ckpt stores `stored` besides its own overrides."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained, run_dir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    data = torch.load(last, weights_only=True)
+    data[RECORD_KEY]["overrides"] += stored
+    torch.save(data, last)
+    return run_dir
+
+
+def command(program: str, run_dir: Path) -> list[str]:
+    script = str(ROOT / program)
+    if program == "eval.py":
+        return [sys.executable, script, f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}"]
+    if program == "train.py ckpt_path":
+        return [
+            sys.executable,
+            str(ROOT / "train.py"),
+            f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+        ]
+    return [sys.executable, str(ROOT / "train.py"), f"run_dir={run_dir}"]
+
+
+PROGRAMS = ["eval.py", "train.py ckpt_path", "train.py run_dir"]
+
+
+def payloads(tmp_path: Path) -> dict[str, tuple[str, Path]]:
+    """Each stored override, and what it would make if it were honoured."""
+    marker = tmp_path / "outside"
+    decode = f"{{_target_: os.mkdir, path: {marker / 'decoded'}}}"
+    return {
+        "decode": (f"task.data='${{oc.decode:\"{decode}\"}}'", marker / "decoded"),
+        "env": ("task.data.seed='${oc.env:HOME}'", marker / "env"),
+        "unique": (f"task.description='${{unique:{marker / 'unique'}}}'", marker / "unique"),
+        "nested": (
+            f"+task.data.hooks=[{{_target_: tempfile.mkdtemp, dir: {marker}}}]",
+            marker,
+        ),
+        "log_dir": (f"paths.log_dir={marker / 'logs'}", marker / "logs"),
+    }
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+@pytest.mark.parametrize("payload", ["decode", "env", "unique", "nested", "log_dir"])
+def test_a_stored_value_is_a_literal_or_left_out(program, payload, trained, tmp_path):
+    stored, would_make = payloads(tmp_path)[payload]
+    run_dir = tampered(trained, tmp_path, [stored])
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    before = tree(tmp_path)
+    result = subprocess.run(
+        [*command(program, run_dir), "extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"],
+        cwd=workdir, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    refused = next(line for line in result.stderr.splitlines() if "not reusing" in line)
+    assert refused.startswith("attnlab: not reusing these overrides of the checkpoint: ")
+    assert stored in refused
+    assert not would_make.exists()
+    made = {
+        path
+        for path in tree(tmp_path) - before
+        if run_dir not in path.parents and workdir / "logs" not in [path, *path.parents]
+    }
+    assert made == set(), f"made outside the run directory: {sorted(made)}"
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "pe=rope",
+        "task.data.dir=/data/multi30k",
+        "tags=[a,b]",
+        "task.data.seed='${oc.env:HOME}'",
+        "task.data.seed=${seed}",
+        "tags=[a,'${oc.env:HOME}']",
+        "task.data.hooks=[{_target_:os.system}]",
+        "task.data.hooks=[[1]]",
+        "paths.data_dir=/elsewhere",
+        "trainer.default_root_dir=/elsewhere",
+        "++trainer.profiler.dirpath=/elsewhere",
+        "pe@hydra.run=rope",
+    ],
+)
+def test_only_literal_values_in_their_place_pass(override):
+    kept = override in ("pe=rope", "task.data.dir=/data/multi30k", "tags=[a,b]")
+    assert allowed_overrides([override], "a checkpoint") == ([override] if kept else [])
+
+
+def test_a_checkpoint_whose_hyperparameters_name_other_code_is_refused(trained, tmp_path):
+    made = tmp_path / "made"
+    made.mkdir()
+    last = trained / "checkpoints" / "last.ckpt"
+    data = torch.load(last, weights_only=True)
+    data["hyper_parameters"]["architecture"]["norm"] = {
+        "_target_": "tempfile.mkdtemp",
+        "dir": str(made),
+    }
+    evil = tmp_path / "evil.ckpt"
+    torch.save(data, evil)
+    result = subprocess.run(
+        [sys.executable, "eval.py", f"ckpt_path={evil}", f"hydra.run.dir={tmp_path / 'eval'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert list(made.iterdir()) == []
+    assert result.stderr.strip().splitlines()[-1] == (
+        "attnlab: _target_ 'tempfile.mkdtemp' is not a class of attnlab: variants, tasks and "
+        "systems are built from attnlab's own classes (add a new one under src/attnlab/)"
+    )

@@ -74,8 +74,9 @@ def test_rows_are_sorted_by_the_best_metric_and_keep_failed_and_unfinished_runs(
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     fake_run(
-        tmp_path / "10", ["pe=none", "trainer.max_epochs=2"], [], state="running", pid=dead.pid
-    )
+        tmp_path / "10", ["pe=none", "trainer.max_epochs=2"], [{"step": 10, "val/acc": 0.1}],
+        state="running", pid=dead.pid,
+    )  # fmt: skip
 
     comparison = compare(tmp_path)
 
@@ -137,6 +138,53 @@ def test_a_run_left_at_a_default_shows_the_default(tmp_path):
     assert [(row["norm"], row["seed"]) for row in rows] == [("l2", "1"), ("softmax", "42")]
 
 
+def test_runs_that_never_trained_are_named_under_the_table_not_compared(tmp_path):
+    """A debug=fast check and a run stopped by a config error trained nothing: they get no
+    row, no curve and no rank; the note under the table says what each was."""
+    fake_run(tmp_path / "trained", ["pe=rope"], [{"step": 5, "val/acc": 0.4}])
+    fast = subprocess.run(
+        [sys.executable, "train.py", "debug=fast", "model=tiny", *QUIET,
+         f"hydra.run.dir={tmp_path / 'fast'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert fast.returncode == 0, fast.stderr[-3000:]
+    assert not (tmp_path / "fast" / "checkpoints").exists(), "debug=fast writes no checkpoint"
+    bad = subprocess.run(
+        [sys.executable, "train.py", "pe=rope", "++pe.max_len=16", "model=tiny", *QUIET,
+         f"hydra.run.dir={tmp_path / 'bad'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert bad.returncode == 1
+
+    comparison = compare(tmp_path)
+
+    assert [run.name for run in comparison.runs] == ["trained"]
+    assert [row["run"] for row in read_csv(tmp_path / "comparison.csv")] == ["trained"]
+    assert [run.name for run in comparison.failed] == ["bad"], "a check that ran is no failure"
+    note = comparison.table().split("\n\n")[-1].splitlines()
+    assert note == [
+        "Never trained, so not in the table: 2 runs",
+        "- bad: failed before its first step: attnlab.config.ConfigError: 'rope' has no option "
+        "max_len; its options are: base, layout, rotary_dim",
+        "- fast: a fast_dev_run (debug=fast), a check that the configuration runs",
+    ]
+    assert "\n".join(note) in (tmp_path / "comparison.md").read_text()
+
+
+def test_booleans_print_one_way_however_a_run_wrote_them(tmp_path):
+    """A sweep's overrides hold True, a command line true, a run left at the default only its
+    config (False)."""
+    fake_run(tmp_path / "0", ["task.markers=True"], [{"step": 5, "val/acc": 0.6}])
+    fake_run(tmp_path / "1", ["task.markers=false"], [{"step": 5, "val/acc": 0.5}])
+    fake_run(tmp_path / "2", ["pe=rope"], [{"step": 5, "val/acc": 0.4}])
+    config = tmp_path / "2" / ".hydra" / "config.yaml"
+    stored = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**stored, "task": {**stored["task"], "markers": False}}))
+    compare(tmp_path)
+    rows = read_csv(tmp_path / "comparison.csv")
+    assert [row["task.markers"] for row in rows] == ["true", "false", "false"]
+
+
 def test_a_directory_without_runs_is_one_sentence(tmp_path):
     with pytest.raises(ConfigError, match="holds no runs"):
         compare(tmp_path)
@@ -164,15 +212,12 @@ def test_a_sweep_with_a_failing_job_compares_every_job_and_exits_non_zero(tmp_pa
         result.stderr.strip().splitlines()[-1].startswith("attnlab: 3 of 4 jobs did not complete")
     )
     (sweep,) = (tmp_path / "probe" / "multiruns").iterdir()
-    rows = {(row["pe"], row["task.optim.lr"]): row for row in read_csv(sweep / "comparison.csv")}
-    assert rows["learned", "0.001"]["state"] == "completed"
-    assert rows["learned", "1e+38"]["error"].startswith(
-        "attnlab.config.Diverged: train/loss is nan"
-    )
-    assert rows["rope", "0.001"]["error"].startswith(
-        "attnlab.config.ConfigError: 'rope' has no option max_len"
-    )
-    assert "| run | pe | task.optim.lr | state |" in result.stdout, "the sweep prints the table"
+    rows = {row["task.optim.lr"]: row for row in read_csv(sweep / "comparison.csv")}
+    assert rows["0.001"]["state"] == "completed"
+    assert rows["1e+38"]["error"].startswith("attnlab.config.Diverged: train/loss is nan")
+    assert "| run | task.optim.lr | state |" in result.stdout, "the sweep prints the table"
+    never_trained = "failed before its first step: attnlab.config.ConfigError: 'rope' has no"
+    assert f"- 2: {never_trained}" in result.stdout and f"- 3: {never_trained}" in result.stdout
     recorded = json.loads((sweep / "1" / "status.json").read_text())
     assert recorded["state"] == "failed" and "Diverged" in recorded["traceback"]
     assert "this job failed, the sweep goes on" in (sweep / "1" / "train.log").read_text()
@@ -184,4 +229,4 @@ def test_a_sweep_with_a_failing_job_compares_every_job_and_exits_non_zero(tmp_pa
         [sys.executable, "-m", "attnlab.cli", "compare", str(sweep)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert cli.returncode == 0 and "| 0 | learned | 0.001 | completed |" in cli.stdout
+    assert cli.returncode == 0 and "| 0 | 0.001 | completed |" in cli.stdout

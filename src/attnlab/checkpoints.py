@@ -3,7 +3,8 @@
 - `last.ckpt` is the latest state (`LatestCheckpoint`): written at the end of every epoch,
   every `every_n_minutes` (or `every_n_steps`) inside an epoch, at the end of training, and
   when a run is interrupted (Ctrl-C, SIGTERM) or fails, except when it diverged (the last
-  finite state is worth more). An interrupted run logs the command that resumes it.
+  finite state is worth more). An interrupted run logs the command that resumes it. A
+  `fast_dev_run` (debug=fast: does the configuration run?) writes none, as Lightning's own.
 - A checkpoint carries what an exact resume needs besides Lightning's own state (`ExactResume`:
   the random generators, the position in the epoch's batches) and the run's record
   (`RunRecord`: its overrides and resolved config).
@@ -168,6 +169,8 @@ class LatestCheckpoint(L.Callback):
         self.previous_handler: Any = None
 
     def save(self, trainer: L.Trainer) -> None:
+        if trainer.fast_dev_run:  # a check that the configuration runs (debug=fast): no state
+            return
         trainer.save_checkpoint(self.path, weights_only=False)  # the whole training state
         self.saved_at, self.saved_step = time.monotonic(), trainer.global_step
 
@@ -214,9 +217,11 @@ class LatestCheckpoint(L.Callback):
             return
         if trainer.world_size > 1 and not isinstance(exception, SIGTERMException):
             return
-        if trainer.global_step > 0:
+        if trainer.global_step > 0 and not trainer.fast_dev_run:
             self.save(trainer)
+            interrupted = isinstance(exception, SystemExit)  # Lightning's stop: Ctrl-C, SIGTERM
+            stop = "Ctrl-C or SIGTERM" if interrupted else type(exception).__name__
             log.warning(
                 "stopped by %s at step %d; the latest state is in %s",
-                type(exception).__name__, trainer.global_step, self.path,
+                stop, trainer.global_step, self.path,
             )  # fmt: skip

@@ -1,8 +1,9 @@
 """A run's state on disk, `<run dir>/status.json`: running, completed, failed or interrupted.
 
 `train.py` writes it when a run starts, once its model is built, and when it ends (with the
-last line of the error and the traceback when it fails); `attnlab compare` reads it to tell
-finished, failed and unfinished jobs apart. Plain JSON: reading it runs nothing.
+last line of the error and the traceback when it fails, or why it was interrupted), holding
+the directory's lock meanwhile (`attnlab.lock`); `attnlab compare` reads it to tell finished,
+failed and unfinished jobs apart. Plain JSON: reading it runs nothing.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ import socket
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from attnlab import lock
+
 FILE = "status.json"
 STATES = ("running", "completed", "failed", "interrupted")
+# why an interrupted run ended: Lightning stops at the end of a step on either, the same way
+INTERRUPTED = "interrupted by Ctrl-C or SIGTERM"
 
 
 @dataclass
@@ -29,7 +34,7 @@ class RunStatus:
     earlier: float = 0.0  # seconds run before the latest resume
     steps: int | None = None  # optimizer steps taken
     params: int | None = None  # trainable parameters
-    error: str | None = None  # the last line of the error, e.g. "ValueError: ..."
+    error: str | None = None  # the error's last line ("ValueError: ..."), or INTERRUPTED
     traceback: str | None = None
     pid: int = field(default_factory=os.getpid)
     host: str = field(default_factory=socket.gethostname)
@@ -42,16 +47,7 @@ class RunStatus:
         """Whether a run in state "running" still is: false when its process on this host is
         gone (killed without a chance to record it), or when its pid now belongs to a process
         that started after the run did; true when it runs on another host."""
-        if self.host != socket.gethostname():
-            return True
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        started = process_start(self.pid)
-        return started is None or started <= self.started + 1.0
+        return lock.running(self.host, self.pid, self.started)
 
     def write(self, run_dir: Path) -> None:
         """Replace the file in one step, so that a reader never sees half of it."""
@@ -67,19 +63,9 @@ class RunStatus:
             self.traceback = "".join(traceback.format_exception(error))
 
 
-def process_start(pid: int) -> float | None:
-    """When process `pid` started, in seconds since the epoch (Linux /proc); None where that
-    cannot be read."""
-    try:
-        after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-        return boot + int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
+def holds_run(directory: Path) -> bool:
+    """Whether train.py wrote a run into `directory`: its status, or Hydra's record of it."""
+    return (directory / FILE).is_file() or (directory / ".hydra").is_dir()
 
 
 def last_written(run_dir: Path, default: float) -> float:
@@ -122,22 +108,24 @@ class Tracker:
 
 @contextmanager
 def tracking(run_dir: Path, enabled: bool = True, resumed: bool = False) -> Iterator[Tracker]:
-    """Record the run in `run_dir` from its start to its end, however it ends. A resumed run
-    adds the time its earlier parts ran to its wall time."""
-    tracker = Tracker(run_dir, enabled)
-    earlier = read(run_dir) if resumed else None
-    if earlier is not None:
-        tracker.status.earlier = earlier.wall_time
-    tracker.update()
-    try:
-        yield tracker
-    except (KeyboardInterrupt, SystemExit) as error:  # Lightning's Ctrl-C and SIGTERM: exits
-        tracker.status.end("interrupted", error)
+    """Record the run in `run_dir` from its start to its end, however it ends, holding the
+    directory's lock meanwhile (a second writer is refused before anything is written). A
+    resumed run adds the time its earlier parts ran to its wall time."""
+    with lock.held(run_dir) if enabled else nullcontext():
+        tracker = Tracker(run_dir, enabled)
+        earlier = read(run_dir) if resumed else None
+        if earlier is not None:
+            tracker.status.earlier = earlier.wall_time
         tracker.update()
-        raise
-    except BaseException as error:
-        tracker.status.end("failed", error)
+        try:
+            yield tracker
+        except (KeyboardInterrupt, SystemExit):  # Lightning's Ctrl-C and SIGTERM: exits
+            tracker.status.end("interrupted")
+            tracker.update(error=INTERRUPTED)
+            raise
+        except BaseException as error:
+            tracker.status.end("failed", error)
+            tracker.update()
+            raise
+        tracker.status.end("completed")
         tracker.update()
-        raise
-    tracker.status.end("completed")
-    tracker.update()

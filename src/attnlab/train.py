@@ -11,6 +11,7 @@ Lightning is imported inside the functions, so `--help` and config errors stay f
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -134,6 +135,62 @@ def interrupted(cfg: DictConfig) -> str:
     return f"attnlab: interrupted; resume with: {resume_command(run_dir)}"
 
 
+# where Lightning reads a process's rank; read here before Lightning is imported
+RANKS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+
+
+def first_process() -> bool:
+    return all(os.environ.get(name, "0") == "0" for name in RANKS)
+
+
+def check_directories(args: list[str]) -> None:
+    """Refuse, before Hydra writes its config and log there, a directory that this command
+    must not write into: a refused command changes nothing."""
+    from attnlab.resume import argument
+
+    args = [arg.lstrip("+") for arg in args]
+    if "-m" in args or "--multirun" in args:
+        sweep = argument(args, "hydra.sweep.dir")
+        if sweep is not None:
+            check_sweep_directory(Path(sweep))
+        return
+    run_dir = argument(args, "hydra.run.dir")
+    if run_dir is not None:
+        check_run_directory(Path(run_dir), argument(args, "ckpt_path"))
+
+
+def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
+    """Refuse a directory that another process writes, or that holds a run which this one
+    does not continue (from `checkpoint`)."""
+    from attnlab import lock, status
+    from attnlab.resume import run_directory
+
+    lock.check_free(run_dir)
+    continues = checkpoint not in (None, "null") and (
+        run_directory(Path(checkpoint)) == run_dir.resolve()
+    )
+    if not continues and status.holds_run(run_dir):
+        raise ConfigError(
+            f"{run_dir} already holds a run: resume it with run_dir={run_dir}, or start "
+            "this one in a new directory (leave hydra.run.dir to its default)"
+        )
+
+
+def check_sweep_directory(sweep: Path) -> None:
+    """Refuse a sweep directory that holds runs, or whose directories (its jobs') do."""
+    from attnlab import status
+
+    inside = sorted(d for d in sweep.iterdir() if d.is_dir()) if sweep.is_dir() else []
+    taken = [d for d in (sweep, *inside) if status.holds_run(d)]
+    if taken:
+        more = f" and {len(taken) - 1} more" if len(taken) > 1 else ""
+        raise ConfigError(
+            f"{sweep} already holds runs ({taken[0]}{more}): start this sweep in a new "
+            "directory (leave hydra.sweep.dir to its default), or resume one of its runs with "
+            "run_dir=<its directory>"
+        )
+
+
 def main() -> None:
     """A resumed run (`ckpt_path=...`, `run_dir=...`) is rebuilt from what it stored, ahead of
     the command line (`attnlab.job`); any other run is Hydra's app on the command line."""
@@ -146,6 +203,8 @@ def main() -> None:
     try:
         resumed = training_arguments(args)
         check_setting_keys(args if resumed is None else resumed, "train")
+        if first_process():  # the others run in rank 0's directory
+            check_directories(args if resumed is None else resumed)
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
     if resumed is None:

@@ -12,7 +12,9 @@ mean and range over the seeds, and ties where ranges overlap (see `attnlab.compa
 the accuracy-by-position plot then shows configurations, averaged over seeds.
 
 Rows are sorted by the best value of the optimized metric; runs that failed or never
-finished keep their row, marked so. Needs no service: only the run directories.
+finished keep their row, marked so. Runs that never trained (a fast_dev_run, a run that
+ended before its first step: a config error) have no row and no curve: a note under the
+table names them and why. Needs no service: only the run directories.
 """
 
 from __future__ import annotations
@@ -43,17 +45,38 @@ THROUGHPUT = "train/tokens_per_s"  # attnlab.callbacks.TokenThroughput
 @dataclass
 class Comparison:
     directory: Path
-    runs: list[Run]
+    runs: list[Run]  # those that trained, one row each
     rows: list[Row]
     plots: list[Path]
     by_configuration: list[Configuration]  # when seeds were swept: runs grouped over them
+    never_trained: list[Run]
+
+    @property
+    def every_run(self) -> list[Run]:
+        return [*self.runs, *self.never_trained]
 
     @property
     def failed(self) -> list[Run]:
-        return [run for run in self.runs if run.state not in ("completed", "running")]
+        return [run for run in self.every_run if run.state not in ("completed", "running")]
 
     def table(self) -> str:
-        return markdown_table(self.rows)
+        """The table, and the note naming the runs that never trained."""
+        parts = [markdown_table(self.rows)] if self.rows else []
+        if self.never_trained:
+            parts.append(never_trained_note(self.never_trained))
+        return "\n\n".join(parts)
+
+
+def never_trained_note(runs: list[Run]) -> str:
+    lines = [f"Never trained, so not in the table: {len(runs)} runs"]
+    for run in runs:
+        if run.fast_dev_run:
+            why = "a fast_dev_run (debug=fast), a check that the configuration runs"
+        else:
+            error = run.status.error if run.status and run.state == "failed" else None
+            why = f"{run.state} before its first step" + (f": {error}" if error else "")
+        lines.append(f"- {run.name}: {format_cell(why)}")
+    return "\n".join(lines)
 
 
 def swept_keys(runs: list[Run]) -> list[str]:
@@ -219,12 +242,13 @@ def compare(directory: Path) -> Comparison:
     """Read every run below `directory`, write the comparison files into it."""
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory: pass a run or a sweep directory")
-    runs = find_runs(directory)
-    if not runs:
+    found = find_runs(directory)
+    if not found:
         raise ConfigError(
             f"{directory} holds no runs (no .hydra/config.yaml below it): pass a run or sweep "
             "directory, e.g. logs/probe/multiruns/<time>"
         )
+    runs = [run for run in found if run.trained]
     keys = swept_keys(runs)
     test_metrics = metric_names(runs, "test/")
     pairs = sorted(
@@ -234,7 +258,9 @@ def compare(directory: Path) -> Comparison:
     configs = configurations(runs, keys)
     plots = plot_curves(runs, labels(runs, keys), directory)
     plots += plot_by_position(configs, directory / "acc_by_position.png")
-    comparison = Comparison(directory, runs, rows, plots, configs if SEED in keys else [])
+    never_trained = [run for run in found if not run.trained]
+    by_configuration = configs if SEED in keys else []
+    comparison = Comparison(directory, runs, rows, plots, by_configuration, never_trained)
     write_csv(rows, directory / "comparison.csv")
     (directory / "comparison.md").write_text(document(comparison))
     return comparison
@@ -242,7 +268,7 @@ def compare(directory: Path) -> Comparison:
 
 def document(comparison: Comparison) -> str:
     lines = [
-        f"# Comparison of {len(comparison.runs)} runs in `{comparison.directory}`",
+        f"# Comparison of {len(comparison.every_run)} runs in `{comparison.directory}`",
         "",
         "Sorted by the best value of each run's optimized metric (`metric`); `final` is its "
         "last value. Test metrics are those of the best checkpoint.",

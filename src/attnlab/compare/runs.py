@@ -37,13 +37,13 @@ class Run:
     def setting(self, key: str) -> str | None:
         """A config value, e.g. "optimized_metric" or "task.metric_mode" (None if absent)."""
         value = OmegaConf.select(self.config, key, default=None, throw_on_resolution_failure=False)
-        return None if value is None else str(value)
+        return None if value is None else as_text(value)
 
     def value(self, key: str) -> str:
         """Its value of an override key: the override, else what its config holds there (a
         group's name, so that a run left at the default norm reads `softmax`), else ""."""
         if key in self.overrides:
-            return self.overrides[key]
+            return as_text(self.overrides[key])
         node = OmegaConf.select(self.config, key, default=None, throw_on_resolution_failure=False)
         found = self.setting(f"{key}.name") if isinstance(node, DictConfig) else self.setting(key)
         return found or ""
@@ -57,6 +57,17 @@ class Run:
         if self.status.state == "running" and not self.status.alive():
             return "unfinished"
         return self.status.state
+
+    @property
+    def fast_dev_run(self) -> bool:
+        """A check that the configuration runs (debug=fast), not training."""
+        return bool(OmegaConf.select(self.config, "trainer.fast_dev_run", default=False))
+
+    @property
+    def trained(self) -> bool:
+        """Whether it trained, or is training: not a fast_dev_run, and not a run that ended
+        before its first optimizer step (a config error, a crash on the first batch)."""
+        return self.state == "running" or (not self.fast_dev_run and bool(self.steps()))
 
     def last(self, metric: str) -> float | None:
         series = self.metrics.get(metric)
@@ -79,6 +90,13 @@ class Run:
             if match and series:
                 found.setdefault(match["stage"], {})[int(match["position"])] = series[-1][1]
         return found.get("test") or found.get("val") or {}
+
+
+def as_text(value: object) -> str:
+    """A value as the table shows it: booleans as `true` and `false`, however they were
+    written (a config holds True, a sweep's overrides True, a command line true)."""
+    text = str(value)
+    return text.lower() if text.lower() in ("true", "false") else text
 
 
 def parse_override(override: str) -> tuple[str, str]:

@@ -23,6 +23,6 @@ class CompareAtSweepEnd(Callback):
         if comparison.failed:
             jobs = ", ".join(f"{run.name} ({run.state})" for run in comparison.failed)
             raise SystemExit(
-                f"attnlab: {len(comparison.failed)} of {len(comparison.runs)} jobs did not "
+                f"attnlab: {len(comparison.failed)} of {len(comparison.every_run)} jobs did not "
                 f"complete: {jobs}; their errors are in comparison.md and in each job's train.log"
             )

@@ -1,0 +1,144 @@
+"""A run directory has one writer, and a refused command changes nothing in it.
+
+Real train.py processes: a second writer started while the first trains, a run killed by
+SIGKILL and resumed, a new run or sweep pointed at a directory that holds runs.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT
+
+from attnlab import lock, status
+
+QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
+TRAINING = [
+    "model=tiny", "task.data.train_size=2048", "test=false", "trainer.log_every_n_steps=1",
+    "callbacks.latest.every_n_minutes=null", "callbacks.latest.every_n_steps=10", *QUIET,
+]  # fmt: skip
+
+
+def train_py(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def start(run_dir: Path, *args: str) -> subprocess.Popen:
+    """A run training in `run_dir`, once it has written its first checkpoint."""
+    process = subprocess.Popen(
+        [sys.executable, "train.py", *TRAINING, *args, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "last.ckpt").exists():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint came"
+        time.sleep(0.05)
+    return process
+
+
+def files(directory: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file below `directory`: its bytes and its modification time."""
+    return {
+        str(path.relative_to(directory)): (path.read_bytes(), path.stat().st_mtime_ns)
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+
+
+def last_line(result: subprocess.CompletedProcess) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_a_second_writer_is_refused_while_the_first_trains_and_ctrl_c_ends_the_hold(tmp_path):
+    run_dir = tmp_path / "run"
+    first = start(run_dir, "trainer.max_epochs=100")
+    try:
+        config = files(run_dir / ".hydra")
+        holder = f"process {first.pid} on {socket.gethostname()}"
+        for second in ([f"run_dir={run_dir}"], [f"hydra.run.dir={run_dir}"]):
+            refused = train_py(*second)
+            assert refused.returncode == 1, refused.stderr[-3000:]
+            assert last_line(refused) == (
+                f"attnlab: {run_dir} is being written by the run of {holder}: wait for it to "
+                f"end, or stop it (kill -TERM {first.pid}), then resume with run_dir={run_dir}"
+            )
+        assert files(run_dir / ".hydra") == config, "the refused commands wrote nothing"
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=120) == 1
+    finally:
+        first.kill()
+    recorded = status.read(run_dir)
+    assert (recorded.state, recorded.error) == ("interrupted", "interrupted by Ctrl-C or SIGTERM")
+    assert not (run_dir / lock.FILE).exists(), "an interrupted run lets go of its directory"
+
+
+@pytest.mark.slow
+def test_the_lock_of_a_killed_run_is_named_and_taken_over_by_its_resumption(tmp_path):
+    run_dir = tmp_path / "run"
+    killed = start(run_dir, "trainer.max_epochs=100")
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=60)
+    assert json.loads((run_dir / lock.FILE).read_text())["pid"] == killed.pid
+    step = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+
+    resumed = train_py(f"run_dir={run_dir}", f"trainer.max_steps={step + 2}", *QUIET)
+
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    taking_over = f"taking over the lock of process {killed.pid} on {socket.gethostname()}"
+    assert taking_over in (run_dir / "train.log").read_text()
+    assert status.read(run_dir).state == "completed" and not (run_dir / lock.FILE).exists()
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory) -> Path:
+    """A sweep directory whose job 0 is a finished run (checkpoints, metrics, status)."""
+    sweep = tmp_path_factory.mktemp("sweep")
+    done = train_py(*TRAINING, "trainer.max_steps=12", f"hydra.run.dir={sweep / '0'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return sweep
+
+
+def test_a_new_run_in_a_directory_that_holds_a_run_changes_nothing(finished_sweep):
+    run_dir = finished_sweep / "0"
+    before = files(finished_sweep)
+    recorded = {".hydra/config.yaml", "train.log", "csv/metrics.csv", "status.json"}
+    assert {f"0/{name}" for name in (*recorded, "checkpoints/last.ckpt")} <= set(before)
+
+    refused = train_py("model=tiny", f"hydra.run.dir={run_dir}")
+
+    assert refused.returncode == 1
+    assert last_line(refused) == (
+        f"attnlab: {run_dir} already holds a run: resume it with run_dir={run_dir}, or start "
+        "this one in a new directory (leave hydra.run.dir to its default)"
+    )
+    assert files(finished_sweep) == before
+
+
+def test_a_sweep_into_a_directory_whose_jobs_hold_runs_changes_nothing(finished_sweep):
+    before = files(finished_sweep)
+
+    refused = train_py(
+        "-m", "seed=1,2", "model=tiny", "trainer.max_steps=2", f"hydra.sweep.dir={finished_sweep}"
+    )
+
+    assert refused.returncode == 1
+    assert last_line(refused) == (
+        f"attnlab: {finished_sweep} already holds runs ({finished_sweep / '0'}): start this "
+        "sweep in a new directory (leave hydra.sweep.dir to its default), or resume one of its "
+        "runs with run_dir=<its directory>"
+    )
+    assert files(finished_sweep) == before
+    assert sorted(p.name for p in finished_sweep.iterdir()) == ["0"]

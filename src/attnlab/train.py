@@ -40,7 +40,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     from attnlab import run, status
     from attnlab.checkpoints import RunRecord
-    from attnlab.resume import RECORD_KEY, check_same_model, read_checkpoint, run_directory
+    from attnlab.resume import (
+        RECORD_KEY,
+        absolute_locations,
+        check_same_model,
+        read_checkpoint,
+        run_directory,
+    )
 
     run.quiet_library_noise()
     if cfg.extras.print_config:
@@ -49,10 +55,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     resuming = cfg.ckpt_path is not None and run_directory(Path(cfg.ckpt_path)) == Path(output_dir)
     first = rank_zero_only.rank == 0  # the process that writes the run's files
     if first and not resuming and status.read(Path(output_dir)) is not None:
-        raise ConfigError(
-            f"{output_dir} already holds a run: resume it with run_dir={output_dir}, or start "
-            "this one in a new directory (leave hydra.run.dir to its default)"
-        )
+        raise holds_a_run(output_dir)  # main() refuses it first, where the command line says
     with status.tracking(Path(output_dir), enabled=first, resumed=resuming) as tracker:
         run.check_sweep_devices(cfg)
         run.check_settings(cfg)
@@ -68,7 +71,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         system = run.build_system(cfg, datamodule)
         counts = system.parameter_counts()
         tracker.update(params=counts["total"])
-        record = RunRecord(run.command_line_overrides(), to_dict(cfg))
+        overrides = absolute_locations(run.command_line_overrides(), cfg.paths.root_dir)
+        record = RunRecord(overrides, to_dict(cfg))
         trainer = run.build_trainer(cfg, [record])
         try:
             with run.closing_loggers(trainer):
@@ -170,10 +174,14 @@ def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
         run_directory(Path(checkpoint)) == run_dir.resolve()
     )
     if not continues and status.holds_run(run_dir):
-        raise ConfigError(
-            f"{run_dir} already holds a run: resume it with run_dir={run_dir}, or start "
-            "this one in a new directory (leave hydra.run.dir to its default)"
-        )
+        raise holds_a_run(run_dir)
+
+
+def holds_a_run(run_dir: Path | str) -> ConfigError:
+    return ConfigError(
+        f"{run_dir} already holds a run: resume it with run_dir={run_dir}, or start this one "
+        "in a new directory (leave hydra.run.dir to its default)"
+    )
 
 
 def check_sweep_directory(sweep: Path) -> None:

@@ -1,7 +1,7 @@
 """Forward+backward time and peak memory of every pe, norm and synthesizer, as ratios to
 pe=none norm=softmax synthesizer=dot measured in the same run.
 
-    python benchmarks/attention.py [--lengths 128 512 1024] [--repeats 3]
+    python benchmarks/attention.py [--lengths 128 512 1024] [--repeats 3] [--smoke]
 
 The model is a 2-layer encoder (d_model 256, 4 heads, FFN 1024, batch 4) trained on a
 token-level loss, with the model's default attention settings (fused SDPA where it applies,
@@ -9,7 +9,9 @@ recomputed query blocks of model.attention_chunk for long sequences); each varia
 one group from the baseline. Time is the fastest of `repeats` steps after a warm-up. Memory
 is the peak of live tensor bytes during one step, parameters included: the CPU analogue of
 torch.cuda.max_memory_allocated, replayed from the profiler's allocation and free events
-(peak RSS would also count what the C allocator keeps after a free). Writes BENCHMARKS.md.
+(peak RSS would also count what the C allocator keeps after a free). Writes BENCHMARKS.md
+at the documented settings (the defaults) only. `--smoke` runs every variant once at L = 16
+with a tiny model, printing the table: the test that keeps this script working.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from benchmarks_common import machine, write_section
+from benchmarks_common import documented, machine, report
 
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
@@ -34,6 +37,8 @@ from attnlab.options import options, shrink, variant
 
 BASELINE = {"pe": "none", "norm": "softmax", "synthesizer": "dot"}
 BATCH, VOCAB = 4, 1000
+MODEL = ModelConfig(Standard(), d_model=256, n_heads=4, n_layers=2, d_ff=1024, dropout=0.0)
+SMOKE_MODEL = replace(MODEL, d_model=32, n_heads=2, n_layers=1, d_ff=64)
 
 
 def peak_tensor_bytes(step) -> int:
@@ -52,11 +57,12 @@ def peak_tensor_bytes(step) -> int:
     return peak
 
 
-def measure(choice: dict[str, str], length: int, repeats: int) -> tuple[float, float]:
+def measure(
+    choice: dict[str, str], length: int, repeats: int, cfg: ModelConfig
+) -> tuple[float, float]:
     """(seconds per forward+backward, peak memory in MiB) of one configuration."""
     torch.manual_seed(0)
     nodes = {g: shrink(variant(g, o), max_len=length) for g, o in choice.items()}
-    cfg = ModelConfig(Standard(), d_model=256, n_heads=4, n_layers=2, d_ff=1024, dropout=0.0)
     attention = AttentionConfig(nodes["pe"], nodes["norm"], nodes["synthesizer"])
     model = Tagger(cfg, attention, VOCAB, VOCAB, causal=False)
     tokens = torch.randint(1, VOCAB, (BATCH, length))
@@ -87,8 +93,12 @@ def variants() -> list[tuple[str, dict[str, str]]]:
     return rows
 
 
-def report(results: dict[str, dict[int, tuple[float, float]]], args: argparse.Namespace) -> str:
-    lengths = args.lengths
+def section(
+    results: dict[str, dict[int, tuple[float, float]]],
+    lengths: list[int],
+    repeats: int,
+    cfg: ModelConfig,
+) -> str:
     base = results["baseline (none, softmax, dot)"]
     header = "| variant | " + " | ".join(f"time ×, L={n}" for n in lengths) + " | "
     header += " | ".join(f"memory ×, L={n}" for n in lengths) + " |"
@@ -103,13 +113,13 @@ def report(results: dict[str, dict[int, tuple[float, float]]], args: argparse.Na
     table = "\n".join(lines)
     return f"""## Attention variants (`make bench-attention`)
 
-Command: `python benchmarks/attention.py --lengths {" ".join(map(str, lengths))} --repeats {args.repeats}`
+Command: `python benchmarks/attention.py --lengths {" ".join(map(str, lengths))} --repeats {repeats}`
 on {machine()}.
 
-2-layer encoder (d_model 256, 4 heads, FFN 1024, batch 4), forward + backward of a
-token-level loss, default attention settings (fused SDPA where it applies; recomputed
-blocks of `model.attention_chunk` = {ModelConfig.attention_chunk} queries for longer sequences). Each
-row changes one group from the baseline; ratios to the baseline measured in the same run
+{cfg.n_layers}-layer encoder (d_model {cfg.d_model}, {cfg.n_heads} heads, FFN {cfg.d_ff}, batch {BATCH}),
+forward + backward of a token-level loss, default attention settings (fused SDPA where it
+applies; recomputed blocks of `model.attention_chunk` = {cfg.attention_chunk} queries for longer
+sequences). Each row changes one group from the baseline; ratios to the baseline measured in the same run
 ({absolute}). Memory: peak live tensor bytes of one step, parameters included.
 
 {table}
@@ -120,19 +130,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 1024])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="L = 16, a tiny model, no writing")
     args = parser.parse_args()
-    measure(BASELINE, max(args.lengths), 1)  # warm up threads and the allocator, discarded
+    lengths, repeats = ([16], 1) if args.smoke else (args.lengths, args.repeats)
+    cfg = SMOKE_MODEL if args.smoke else MODEL
+    measure(BASELINE, max(lengths), 1, cfg)  # warm up threads and the allocator, discarded
     results: dict[str, dict[int, tuple[float, float]]] = {}
     for label, choice in variants():
         results[label] = {}
-        for length in args.lengths:
-            seconds, mib = results[label][length] = measure(choice, length, args.repeats)
+        for length in lengths:
+            seconds, mib = results[label][length] = measure(choice, length, repeats, cfg)
             print(
                 f"{label:36s} L={length:5d}  {seconds * 1000:8.1f} ms  {mib:8.1f} MiB", flush=True
             )
-    body = report(results, args)
-    write_section("attention", body)
-    print(body)
+    body = section(results, lengths, repeats, cfg)
+    report("attention", body, documented(parser, args))
 
 
 if __name__ == "__main__":

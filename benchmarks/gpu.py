@@ -1,4 +1,4 @@
-"""GPU checks and benchmarks (results go to BENCHMARKS.md). Each needs CUDA.
+"""GPU checks and benchmarks (results go to BENCHMARKS.md). Each needs CUDA, except with --smoke.
 
     python benchmarks/gpu.py check      # FlexAttention = the plain path, forward and backward
     python benchmarks/gpu.py speed      # training tokens/s and MFU, model=base, bf16
@@ -6,7 +6,8 @@
     python benchmarks/gpu.py decode     # cached greedy and beam-5 decoding tokens/s
 
 check: for t5, alibi and key-only shaw with softmax, FlexAttention (compiled) against the
-plain path in float32, outputs and gradients of q, k, v and the PE's parameters.
+plain path in float32, outputs and gradients of q, k, v and the PE's parameters. Until it
+has passed on a GPU, model.flex_attention is off by default.
 
 speed: attnlab's encoder-decoder at Transformer-base dimensions (model=base; pe=sinusoidal,
 softmax, dot), torch.nn.Transformer with the same embeddings, positions and output
@@ -17,11 +18,12 @@ tokens) and WMT-like (48 pairs of 40-96 tokens). MFU: the FLOPs that torch's Flo
 counts in one step, per second, over the device's dense bf16 peak.
 
 variants: a 2-layer encoder at base width, bf16 autocast, B·L = 16,384 tokens, time and
-peak memory (torch.cuda.max_memory_allocated) as ratios to pe=none/softmax/dot; the PEs
-that FlexAttention serves also with model.flex_attention=false.
+peak memory (torch.cuda.max_memory_allocated) as ratios to pe=none/softmax/dot, at the
+model's defaults; the PEs that FlexAttention serves also with model.flex_attention=true.
 
-`--smoke` runs speed, variants and decode at tiny sizes on the CPU and writes nothing: the
-test that keeps this script working.
+BENCHMARKS.md is written at the documented settings (the defaults) only. `--smoke` runs
+each at tiny sizes on the CPU and writes nothing: the test that keeps this script working.
+On the CPU, FlexAttention has no backward pass, so `check --smoke` compares outputs only.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).parent))
 from attention import BASELINE as BASE_CHOICE
 from attention import variants
-from benchmarks_common import write_section
+from benchmarks_common import documented, report
 from translation import BASELINE, TorchTransformer
 
 from attnlab.attention.core import AttentionParts, Compute, attend, flex_path
@@ -197,8 +199,8 @@ def speed_rows(scale: Scale, label: str, shape, device: torch.device, repeats: i
 
 
 def variant_rows(lengths: list[int], scale: Scale, device: torch.device, repeats: int):
-    rows = [(label, choice, True) for label, choice in variants()]
-    rows += [(f"pe={pe}{' ' + ' '.join(o) if o else ''}, flex off", {**BASE_CHOICE, "pe": pe}, False)
+    rows = [(label, choice, scale.model.flex_attention) for label, choice in variants()]
+    rows += [(f"pe={pe}{' ' + ' '.join(o) if o else ''}, flex on", {**BASE_CHOICE, "pe": pe}, True)
              for pe, o in FLEX_PES.items()]  # fmt: skip
     results: dict[str, dict[int, str | tuple[float, float]]] = {}
     for label, choice, flex in rows:
@@ -275,12 +277,14 @@ def decode(scale: Scale, device: torch.device, batch: int, steps: int, repeats: 
     return "\n".join(lines)
 
 
-def check(device: torch.device) -> str:
-    """FlexAttention against the plain path in float32, forward and backward."""
-    batch, heads, length, d_h = 4, 8, 1024, 64
+def check(device: torch.device, sizes: tuple[int, int, int, int]) -> str:
+    """FlexAttention against the plain path in float32: outputs, and on CUDA the gradients
+    (FlexAttention has no backward pass on the CPU, where it also runs uncompiled)."""
+    batch, heads, length, d_h = sizes
+    on_gpu = device.type == "cuda"
     pos = torch.arange(length, device=device)
     padding = torch.zeros(batch, length, dtype=torch.bool, device=device)
-    padding[1, -100:] = True
+    padding[1, length - length // 10 :] = True
     x = torch.zeros(batch, length, heads * d_h, device=device)  # the dot synthesizer reads no x
     lines = ["| pe | mask | max abs. Δ output | max abs. Δ gradient |", "|---|---|---|---|"]
     for pe, overrides in FLEX_PES.items():
@@ -294,22 +298,24 @@ def check(device: torch.device) -> str:
             mask = attention_mask(pos, pos, padding, causal)
             results = []
             for flex in (True, False):
-                wrt = [t.detach().requires_grad_() for t in (q, k, v)]
-                if flex:
-                    out = flex_path(parts, 1, *wrt, pos, pos, mask)
-                else:
-                    out = attend(parts, 1, x, *wrt, pos, pos, mask, Compute(fast=False, flex=False))
+                wrt = [t.detach().requires_grad_(on_gpu) for t in (q, k, v)]
+                with torch.set_grad_enabled(on_gpu):
+                    if flex:
+                        out = flex_path(parts, 1, *wrt, pos, pos, mask, compiled=on_gpu)
+                    else:
+                        plain = Compute(fast=False, flex=False)
+                        out = attend(parts, 1, x, *wrt, pos, pos, mask, plain)
                 params = [p for p in parts.parameters() if p.requires_grad]
-                results.append((out, torch.autograd.grad(out.square().sum(), [*wrt, *params])))
+                grads = torch.autograd.grad(out.square().sum(), [*wrt, *params]) if on_gpu else ()
+                results.append((out, grads))
             (flex_out, flex_grads), (plain_out, plain_grads) = results
             d_out = (flex_out - plain_out).abs().max().item()
-            d_grad = max(
-                (a - b).abs().max().item() for a, b in zip(flex_grads, plain_grads, strict=True)
-            )
+            d_grad = "skipped on the CPU"
+            if on_gpu:
+                both = zip(flex_grads, plain_grads, strict=True)
+                d_grad = f"{max((a - b).abs().max().item() for a, b in both):.1e}"
             mask_name = "causal + padding" if causal else "padding"
-            lines.append(
-                f"| {pe} {' '.join(overrides)} | {mask_name} | {d_out:.1e} | {d_grad:.1e} |"
-            )
+            lines.append(f"| {pe} {' '.join(overrides)} | {mask_name} | {d_out:.1e} | {d_grad} |")
     return "\n".join(lines)
 
 
@@ -332,7 +338,7 @@ def main() -> None:
     scale = SMOKE if args.smoke else FULL
     command = "python benchmarks/gpu.py " + " ".join(sys.argv[1:])
     if args.what == "check":
-        body = check(device)
+        body = check(device, (2, 2, 16, 8) if args.smoke else (4, 8, 1024, 64))
     elif args.what == "speed":
         body = speed(scale, device, args.repeats)
     elif args.what == "variants":
@@ -341,9 +347,8 @@ def main() -> None:
     else:
         batch, steps = (2, 4) if args.smoke else (64, 100)
         body = decode(scale, device, batch, steps, args.repeats)
-    print(body)
-    if not args.smoke:
-        write_section(f"gpu-{args.what}", section(args.what, command, device, body))
+    text = section(args.what, command, device, body)
+    report(f"gpu-{args.what}", text, documented(parser, args, free=("what",)))
 
 
 if __name__ == "__main__":

@@ -1,28 +1,75 @@
-"""The GPU benchmark script runs end to end (at tiny sizes, on the CPU, writing nothing)."""
+"""The benchmark scripts run end to end in smoke mode (tiny sizes, on the CPU), and only a
+run at the documented settings writes BENCHMARKS.md."""
 
 from __future__ import annotations
 
+import argparse
+import os
+import shutil
 import subprocess
 import sys
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, SHARED_DATA
 
-pytestmark = pytest.mark.slow  # the speed benchmark compiles a model (about 20 s)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks_common import NOT_WRITING, documented, report
+
+TRACKED = ROOT / "BENCHMARKS.md"
 
 
-@pytest.mark.parametrize("what", ["speed", "variants", "decode"])
-def test_the_gpu_benchmarks_run_in_smoke_mode(what):
-    before = (ROOT / "BENCHMARKS.md").read_text()
+def run_smoke(script: str, *arguments: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run a benchmark on a copy of BENCHMARKS.md; neither the copy nor the tracked file
+    may change."""
+    copy = tmp_path / "BENCHMARKS.md"
+    shutil.copyfile(TRACKED, copy)
+    before = TRACKED.read_bytes()
     result = subprocess.run(
-        [sys.executable, "benchmarks/gpu.py", what, "--smoke", "--repeats", "1"],
+        [sys.executable, f"benchmarks/{script}", *arguments],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "ATTNLAB_BENCHMARKS_MD": str(copy)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    expected_rows = {"speed": 4, "variants": 2, "decode": 2}[what]
-    assert len(table) >= expected_rows + 1  # the header, then the rows
-    assert (ROOT / "BENCHMARKS.md").read_text() == before
+    assert copy.read_bytes() == before and TRACKED.read_bytes() == before
+    assert NOT_WRITING in result.stdout
+    return result
+
+
+def table_rows(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("| ")]
+
+
+@pytest.mark.slow  # the speed benchmark compiles a model (about 20 s)
+@pytest.mark.parametrize("what", ["check", "speed", "variants", "decode"])
+def test_the_gpu_benchmarks_run_in_smoke_mode_on_the_cpu(what, tmp_path):
+    result = run_smoke("gpu.py", what, "--smoke", "--repeats", "1", tmp_path=tmp_path)
+    expected_rows = {"check": 6, "speed": 4, "variants": 2, "decode": 2}[what]
+    assert len(table_rows(result.stdout)) >= expected_rows + 1  # the header, then the rows
+    if what == "check":
+        assert result.stdout.count("skipped on the CPU") == 6
+
+
+@pytest.mark.slow
+def test_the_attention_benchmark_runs_in_smoke_mode(tmp_path):
+    result = run_smoke("attention.py", "--smoke", tmp_path=tmp_path)
+    assert any(row.startswith("| pe=learned | ") for row in table_rows(result.stdout))
+
+
+@pytest.mark.slow
+def test_the_attention_benchmark_at_other_sizes_leaves_benchmarks_md_alone(tmp_path):
+    run_smoke("attention.py", "--lengths", "16", "--repeats", "1", tmp_path=tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (SHARED_DATA / "multi30k").is_dir(), reason="the shared Multi30k files are absent"
+)
+@pytest.mark.parametrize(
+    "arguments", [["speed", "--smoke"], ["quality", "--smoke", "--only", "pe=rope norm=l2"]]
+)
+def test_the_translation_benchmarks_run_in_smoke_mode(arguments, tmp_path):
+    result = run_smoke("translation.py", *arguments, tmp_path=tmp_path)
+    assert len(table_rows(result.stdout)) >= 2
 
 
 def test_without_a_gpu_the_benchmarks_say_they_need_one():
@@ -30,3 +77,37 @@ def test_without_a_gpu_the_benchmarks_say_they_need_one():
         [sys.executable, "benchmarks/gpu.py", "check"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 1 and "needs a CUDA GPU" in result.stderr
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048])
+    parser.add_argument("--smoke", action="store_true")
+    return parser
+
+
+@pytest.mark.parametrize(
+    "arguments,expected",
+    [
+        (["check"], True),
+        (["speed", "--lengths", "512", "2048"], True),  # the defaults, spelled out
+        (["check", "--smoke"], False),
+        (["check", "--lengths", "512"], False),
+    ],
+)
+def test_only_the_default_settings_are_the_documented_ones(arguments, expected):
+    p = parser()
+    assert documented(p, p.parse_args(arguments), free=("what",)) == expected
+
+
+def test_a_report_writes_its_section_only_at_the_documented_settings(tmp_path, monkeypatch, capsys):
+    target = tmp_path / "BENCHMARKS.md"
+    target.write_text("# Benchmarks\n\n<!-- x:start -->\nold\n<!-- x:end -->\n\ntail\n")
+    monkeypatch.setenv("ATTNLAB_BENCHMARKS_MD", str(target))
+    report("x", "smoke figures", False)
+    assert "old" in target.read_text() and NOT_WRITING in capsys.readouterr().out
+    report("x", "new figures", True)
+    assert target.read_text() == (
+        "# Benchmarks\n\n<!-- x:start -->\nnew figures\n<!-- x:end -->\n\ntail\n"
+    )

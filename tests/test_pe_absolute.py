@@ -1,5 +1,6 @@
 """Absolute positions added to the token embeddings (design notes §2, §3): the paper's
-sinusoid table, and BERT's learned table E_pos[p] with ids from 0."""
+sinusoid table, and BERT's learned table E_pos[p] with ids from 0, drawn on the scale of
+the token embeddings as added."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from attnlab.config import ConfigError, build
 from attnlab.model.config import AttentionConfig, ModelConfig
-from attnlab.model.transformer import Stack
+from attnlab.model.transformer import Stack, Tagger
 from attnlab.options import variant
 
 D = SHAPE.d_model
@@ -127,13 +128,35 @@ def test_the_learned_table_gets_gradients_only_at_the_positions_used():
     assert (grad[:2] == 0).all() and (grad[6:] == 0).all()
 
 
-@pytest.mark.parametrize("overrides,std", [((), 0.02), (("init_std=0.5",), 0.5)])
-def test_the_learned_table_starts_normal_with_init_std(overrides, std):
+@pytest.mark.parametrize(
+    "embedding_rms,overrides,std",
+    [(1.0, (), 1.0), (0.02, (), 0.02), (1.0, ("init_std=0.5",), 0.5)],
+)
+def test_the_learned_table_starts_normal_on_the_token_scale_or_with_init_std(
+    embedding_rms, overrides, std
+):
     torch.manual_seed(0)
-    table = pe("learned", *overrides).table.weight.detach()
+    shape = replace(SHAPE, embedding_rms=embedding_rms)
+    table = pe("learned", *overrides, shape=shape).table.weight.detach()
     assert table.shape == (512, D)
     assert table.std().item() == pytest.approx(std, rel=0.05)
     assert abs(table.mean().item()) < 0.05 * std
+
+
+def rms(t: torch.Tensor) -> float:
+    return t.detach().square().mean().sqrt().item()
+
+
+@pytest.mark.parametrize("block", ["standard", "gau"])
+@pytest.mark.parametrize("embed_scale", [True, False])
+def test_learned_positions_start_on_the_scale_of_the_token_embeddings_as_added(embed_scale, block):
+    torch.manual_seed(0)
+    node = {**variant("model", "tiny"), "embed_scale": embed_scale}
+    cfg = ModelConfig.from_config(node, variant("block", block))
+    tagger = Tagger(cfg, attention("learned"), vocab_size=1000, num_classes=2, causal=False)
+    tokens = tagger.embed(torch.arange(1000))  # every token's embedding, scaled as added
+    positions = tagger.stack.parts.pe.embed(torch.zeros(512, cfg.d_model), torch.arange(512))
+    assert rms(positions) / rms(tokens) == pytest.approx(1.0, rel=0.1)
 
 
 def test_a_sequence_longer_than_the_learned_table_raises():
@@ -158,7 +181,5 @@ def test_absolute_positions_break_the_permutation_equivariance_of_a_bidirectiona
     for pe_option, equivariant in (("none", True), (option, False)):
         torch.manual_seed(0)
         stack = Stack(cfg, attention(pe_option), 2, causal=False).double().eval()
-        if pe_option == "learned":
-            torch.nn.init.normal_(stack.parts.pe.table.weight, std=1.0)
         permuted_out, out_permuted = stack(x[:, perm]), stack(x)[:, perm]
         assert torch.allclose(permuted_out, out_permuted) == equivariant, pe_option

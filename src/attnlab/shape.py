@@ -20,3 +20,4 @@ class StackShape:
     n_layers: int
     causal: bool  # keys after the query are masked
     cross: bool = False  # cross-attention: queries and keys come from different sequences
+    embedding_rms: float = 1.0  # token embeddings' RMS at init, as added (for absolute PEs)

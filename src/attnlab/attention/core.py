@@ -15,10 +15,11 @@ with no q·k (random, dense, factorized, their mixtures) could reach SDPA only t
 and k with its logits as the mask; on CPU that is 1.2-1.7× slower than the plain path, with
 no memory saved (measured at L = 512 and 1024), so it takes the plain path.
 
-On CUDA, softmax with a PE score term that FlexAttention can read per (i, j) (t5, alibi,
-shaw's key term; `pe.flex`) takes FlexAttention instead (`attention/flex.py`): the term and
-the mask stay inside the kernel, with no [Lq, Lk] tensor; without attention dropout only,
-and not for single-query decoding steps. Its forward pass is tested against the plain path.
+On CUDA and when asked (`flex`, model.flex_attention=true), softmax with a PE score term
+that FlexAttention can read per (i, j) (t5, alibi, shaw's key term; `pe.flex`) takes
+FlexAttention instead (`attention/flex.py`): the term and the mask stay inside the kernel,
+with no [Lq, Lk] tensor; without attention dropout only, and not for single-query decoding
+steps. Its forward pass is tested against the plain path.
 
 Long sequences in training can attend in blocks of queries (`chunk`), each block recomputed
 in the backward pass (Rabe & Staats 2021, "Self-attention does not need O(n²) memory",
@@ -55,7 +56,7 @@ class Compute:
     dropout: float = 0.0
     fast: bool = True
     chunk: int | None = None
-    flex: bool = True
+    flex: bool = False  # opt-in until its backward pass is checked on a GPU
 
     def at(self, training: bool) -> Compute:
         """This computation in a module's mode: no dropout outside training."""

@@ -8,7 +8,8 @@ from positions and small tables, and the boolean mask becomes a `BlockMask` whos
 masked blocks are skipped (a causal stack computes about half the blocks). No [Lq, Lk]
 tensor is formed, forward or backward. A row with no visible key gives zeros, as the
 plain path does. FlexAttention has no dropout and, on the CPU, no backward pass: the core
-takes this path on CUDA without attention dropout only (`attnlab.attention.core`).
+takes this path on CUDA with model.flex_attention=true (opt-in until `benchmarks/gpu.py
+check` has passed on a GPU) and without attention dropout only (`attnlab.attention.core`).
 """
 
 from __future__ import annotations

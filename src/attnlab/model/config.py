@@ -54,7 +54,7 @@ class ModelConfig:
     tie_embeddings: bool = True  # share input and output embeddings where vocabularies match
     cross_pe: bool = False  # apply the PE to cross-attention too (T5 does not)
     fast_attention: bool = True  # use F.scaled_dot_product_attention where it applies
-    flex_attention: bool = True  # on CUDA, FlexAttention for softmax with t5/alibi/shaw terms
+    flex_attention: bool = False  # on CUDA, FlexAttention for softmax with t5/alibi/shaw terms
     attention_chunk: int | None = 512  # training attends in recomputed blocks of this many queries
     layer_norm_eps: float = 1e-5
     compile: bool = False  # torch.compile the network's forward (training and validation loss)
@@ -112,9 +112,17 @@ class ModelConfig:
     def decoder_layers(self) -> int:
         return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
 
+    @property
+    def embedding_rms(self) -> float:
+        """RMS of the token embeddings as added, at init (TokenEmbedding): N(0, 1/d)·√d has
+        RMS 1, unscaled N(0, init_std²) has RMS init_std."""
+        return 1.0 if self.embed_scale else self.init_std
+
     def multi_head_shape(self, n_layers: int, causal: bool, cross: bool) -> StackShape:
         d_h = self.d_model // self.n_heads
-        return StackShape(self.d_model, self.n_heads, d_h, d_h, n_layers, causal, cross)
+        return StackShape(
+            self.d_model, self.n_heads, d_h, d_h, n_layers, causal, cross, self.embedding_rms
+        )
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,9 @@ class GAU:
 
     def self_attention_shape(self, cfg: ModelConfig, n_layers: int, causal: bool) -> StackShape:
         e = self.expansion * cfg.d_model
-        return StackShape(cfg.d_model, 1, self.qk_dim, e, n_layers, causal)
+        return StackShape(
+            cfg.d_model, 1, self.qk_dim, e, n_layers, causal, embedding_rms=cfg.embedding_rms
+        )
 
     def layer(
         self, cfg: ModelConfig, shape: StackShape, index: int, parts: AttentionParts, cross: bool

@@ -32,7 +32,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from attnlab.config import ConfigError, Diverged
+from attnlab.config import ConfigError, Diverged, MachineError, refused_by_machine
 from attnlab.data.loader import ResumableLoader
 from attnlab.logger.csv import CSVLogger
 from attnlab.resume import LAST, RECORD_KEY
@@ -55,6 +55,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(partial, path)
+        except (OSError, RuntimeError) as error:
+            refusal = refused_by_machine(error, path)
+            if refusal is None:
+                raise
+            raise refusal from None  # the previous checkpoint at `path` is whole
         finally:
             partial.unlink(missing_ok=True)
         directory = os.open(path.parent, os.O_RDONLY)
@@ -210,10 +215,16 @@ class LatestCheckpoint(L.Callback):
     def on_exception(
         self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException
     ) -> None:
-        """Save, unless the state is not worth resuming: a diverged run, or a step cut short
-        by a second Ctrl-C (every other stop comes between steps, or before a step changed
-        anything); under DDP only a stop that every rank shares (SIGTERM) is saved."""
-        if isinstance(exception, (Diverged, KeyboardInterrupt)) or trainer.state.fn != "fit":
+        """Save, unless the state is not worth resuming (a diverged run, or a step cut short
+        by a second Ctrl-C: every other stop comes between steps, or before a step changed
+        anything) or cannot be saved (the machine refused the last save); under DDP only a
+        stop that every rank shares (SIGTERM) is saved."""
+        unsaveable = (
+            Diverged,
+            MachineError,
+            KeyboardInterrupt,
+        )  # the last two: it would fail again
+        if isinstance(exception, unsaveable) or trainer.state.fn != "fit":
             return
         if trainer.world_size > 1 and not isinstance(exception, SIGTERMException):
             return

@@ -12,11 +12,12 @@ and plain data only: reading one runs no code.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config import ConfigError, own_class, register_resolvers, to_dict
+from attnlab.config import ConfigError, check_writable, own_class, register_resolvers, to_dict
 from attnlab.job import run_composed
 from attnlab.options import CONFIG_DIR
 from attnlab.preflight import check_setting_keys
@@ -86,6 +87,8 @@ def main() -> None:
             )
         arguments = evaluation_arguments(args)
         check_setting_keys(arguments, "eval")
+        if (run_dir := argument(args, "hydra.run.dir")) is not None:
+            check_writable(Path(run_dir))
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
     run_composed("eval", arguments, evaluate_main)

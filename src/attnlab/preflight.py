@@ -1,7 +1,9 @@
 """Checks of a command line before Hydra runs it, for mistakes Hydra reports unhelpfully.
 
 A misspelled setting (`model.dmodel=64`) makes Hydra suggest `+model.dmodel=64`, which would
-add a setting that nothing reads; here it is an error that names the settings there are.
+add a setting that nothing reads; here it is an error that names the settings there are. So
+is a group that does not exist, added with `+` (`+optimizer=adam`), which Hydra would take
+as a new top-level setting.
 """
 
 from __future__ import annotations
@@ -14,11 +16,32 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config import ConfigError
-from attnlab.options import CONFIG_DIR
+from attnlab.options import CONFIG_DIR, GROUPS
+
+
+def check_added_groups(args: list[str]) -> None:
+    """Raise a ConfigError for `+name=...` where attnlab has no config group `name`."""
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue  # flags (-m, --cfg job) and their values
+        try:
+            (override,) = parser.parse_overrides([arg])
+        except Exception:
+            continue  # a syntax error: Hydra says where
+        key = override.key_or_group
+        added = override.is_add() or override.is_force_add()
+        if added and "." not in key and key not in GROUPS:
+            raise ConfigError(
+                f"{arg} adds a setting that nothing reads: attnlab has no config group {key} "
+                f"(the groups are {', '.join(GROUPS)})"
+            )
 
 
 def check_setting_keys(args: list[str], config_name: str) -> None:
-    """Raise a ConfigError for an override of a setting that does not exist."""
+    """Raise a ConfigError for an override of a setting, or an added group, that does not
+    exist."""
+    check_added_groups(args)
     if any(arg.startswith("-") for arg in args):  # -m, --help, --cfg: Hydra's own business
         return
     try:

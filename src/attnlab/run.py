@@ -84,9 +84,23 @@ def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
         raise
 
 
+def check_accelerator(accelerator: str) -> None:
+    """Refuse an accelerator this machine lacks (Lightning's "gpu" is CUDA or Apple's MPS)."""
+    import torch
+
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    present = {"gpu": cuda or mps, "cuda": cuda, "mps": mps}.get(accelerator, True)
+    if not present:
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} needs a GPU, and this machine has none: use "
+            "trainer=cpu, or trainer.accelerator=auto to use a GPU wherever there is one"
+        )
+
+
 def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.Trainer:
     """The trainer with the config's loggers and callbacks, `extra_callbacks`, and the two
     every run has: validation of the final weights, and the count of examples scored."""
+    check_accelerator(str(cfg.trainer.get("accelerator", "auto")))
     loggers = [instantiate_node(node) for node in (cfg.get("logger") or {}).values()]
     callbacks = [instantiate_node(node) for node in (cfg.get("callbacks") or {}).values()]
     if not loggers:  # (~logger) Lightning refuses a LearningRateMonitor with nothing to log to

@@ -9,6 +9,7 @@ failed and unfinished jobs apart. Plain JSON: reading it runs nothing.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -19,6 +20,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from attnlab import lock
+
+log = logging.getLogger(__name__)
 
 FILE = "status.json"
 STATES = ("running", "completed", "failed", "interrupted")
@@ -53,8 +56,11 @@ class RunStatus:
         """Replace the file in one step, so that a reader never sees half of it."""
         run_dir.mkdir(parents=True, exist_ok=True)
         partial = run_dir / f".{FILE}.{self.pid}"
-        partial.write_text(json.dumps(asdict(self), indent=1))
-        partial.replace(run_dir / FILE)
+        try:
+            partial.write_text(json.dumps(asdict(self), indent=1))
+            partial.replace(run_dir / FILE)
+        finally:
+            partial.unlink(missing_ok=True)
 
     def end(self, state: str, error: BaseException | None = None) -> None:
         self.state, self.ended = state, time.time()
@@ -100,10 +106,16 @@ class Tracker:
         self.status = RunStatus("running", time.time())
 
     def update(self, **changes: object) -> None:
+        """Record `changes`. A status that cannot be written (a full disk) is a warning, not
+        the end of the run, nor what its error says: the error that ended it is."""
         for key, value in changes.items():
             setattr(self.status, key, value)
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             self.status.write(self.run_dir)
+        except OSError as error:
+            log.warning("could not record the run's state in %s: %s", self.run_dir / FILE, error)
 
 
 @contextmanager

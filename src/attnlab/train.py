@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config import ConfigError, Diverged, register_resolvers, to_dict
+from attnlab.config import (
+    ConfigError,
+    Diverged,
+    MachineError,
+    check_writable,
+    refused_by_machine,
+    register_resolvers,
+    to_dict,
+)
 from attnlab.options import CONFIG_DIR
 
 if TYPE_CHECKING:
@@ -29,7 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STOPS = (ConfigError, Diverged)  # errors that say everything in one sentence
+STOPS = (ConfigError, Diverged, MachineError)  # errors that say everything in one sentence
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -116,12 +124,15 @@ def train_main(cfg: DictConfig) -> float | None:
     except SystemExit as exit_:  # Lightning's answer to Ctrl-C (exit 1) and SIGTERM (exit 0)
         raise SystemExit(interrupted(cfg)) from exit_
     except Exception as error:
+        stop = error if isinstance(error, STOPS) else refused_by_machine(error)
+        if isinstance(stop, MachineError) and (command := resumable(cfg)) is not None:
+            stop = MachineError(f"{stop}; then resume with: {command}")
         if not in_sweep():
-            if isinstance(error, STOPS):
-                raise SystemExit(f"attnlab: {error}") from None
+            if stop is not None:
+                raise SystemExit(f"attnlab: {stop}") from None
             raise
-        if isinstance(error, STOPS):
-            log.error("this job failed, the sweep goes on: %s", error)
+        if stop is not None:
+            log.error("this job failed, the sweep goes on: %s", stop)
         else:
             log.exception("this job failed, the sweep goes on")
         return float("nan")  # what Optuna records as a failed trial
@@ -129,14 +140,20 @@ def train_main(cfg: DictConfig) -> float | None:
     return metrics.get(f"best/{metric}", metrics.get(metric))
 
 
-def interrupted(cfg: DictConfig) -> str:
+def resumable(cfg: DictConfig) -> str | None:
+    """The command that resumes this run, if it has a checkpoint to resume from."""
     from attnlab.checkpoints import resume_command
     from attnlab.resume import LAST
 
     run_dir = Path(cfg.paths.output_dir).resolve()
-    if not (run_dir / "checkpoints" / LAST).is_file():
+    return resume_command(run_dir) if (run_dir / "checkpoints" / LAST).is_file() else None
+
+
+def interrupted(cfg: DictConfig) -> str:
+    command = resumable(cfg)
+    if command is None:
         return "attnlab: interrupted before its first checkpoint; there is nothing to resume"
-    return f"attnlab: interrupted; resume with: {resume_command(run_dir)}"
+    return f"attnlab: interrupted; resume with: {command}"
 
 
 # where Lightning reads a process's rank; read here before Lightning is imported
@@ -164,8 +181,8 @@ def check_directories(args: list[str]) -> None:
 
 
 def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
-    """Refuse a directory that another process writes, or that holds a run which this one
-    does not continue (from `checkpoint`)."""
+    """Refuse a directory that another process writes, that holds a run which this one
+    does not continue (from `checkpoint`), or that cannot be written."""
     from attnlab import lock, status
     from attnlab.resume import run_directory
 
@@ -175,6 +192,7 @@ def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
     )
     if not continues and status.holds_run(run_dir):
         raise holds_a_run(run_dir)
+    check_writable(run_dir)
 
 
 def holds_a_run(run_dir: Path | str) -> ConfigError:
@@ -199,6 +217,20 @@ def check_sweep_directory(sweep: Path) -> None:
         )
 
 
+def check_launcher(args: list[str]) -> None:
+    """Refuse the SLURM launcher where there is no SLURM (submitit looks for srun)."""
+    import shutil
+
+    from attnlab.resume import argument
+
+    if argument(args, "hydra/launcher") == "slurm" and shutil.which("srun") is None:
+        raise ConfigError(
+            "hydra/launcher=slurm submits the sweep to SLURM, and this machine has no SLURM "
+            "(no srun on its PATH): run the command on the cluster's login node, or run the "
+            "sweep here with hydra/launcher=joblib"
+        )
+
+
 def main() -> None:
     """A resumed run (`ckpt_path=...`, `run_dir=...`) is rebuilt from what it stored, ahead of
     the command line (`attnlab.job`); any other run is Hydra's app on the command line."""
@@ -213,6 +245,7 @@ def main() -> None:
         check_setting_keys(args if resumed is None else resumed, "train")
         if first_process():  # the others run in rank 0's directory
             check_directories(args if resumed is None else resumed)
+        check_launcher(args)
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
     if resumed is None:

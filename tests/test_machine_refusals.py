@@ -1,0 +1,128 @@
+"""When the machine says no (a full disk, a directory that cannot be written, no GPU, no
+SLURM) or a command asks for a group that does not exist, the run ends in one sentence that
+says what to do, its last good checkpoint intact and its resume command printed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import ROOT
+
+QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
+
+
+def train_py(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "train.py", *args, *QUIET],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def one_sentence(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    return result.stderr.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB file system of its own (tmpfs), to fill while a run trains."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True
+    )
+    if made.returncode != 0:
+        pytest.skip("mounting a small tmpfs (a disk to fill) needs root and mount rights")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_in_one_sentence_with_the_last_checkpoint_whole(small_disk):
+    run_dir = small_disk / "run"
+    run = [
+        "model=tiny", "trainer.max_epochs=100", "task.data.train_size=256", "test=false",
+        "callbacks.latest.every_n_minutes=null", "callbacks.latest.every_n_steps=20",
+        f"hydra.run.dir={run_dir}", *QUIET,
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "train.py", *run], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    last = run_dir / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 240
+    while not last.exists():
+        assert process.poll() is None and time.monotonic() < deadline, "no checkpoint came"
+        time.sleep(0.05)
+    filler = small_disk / "filler"
+    with filler.open("wb") as file, pytest.raises(OSError):
+        while True:  # until the disk is full
+            file.write(b"\0" * 65536)
+            file.flush()
+    _, stderr = process.communicate(timeout=240)
+    result = subprocess.CompletedProcess(process.args, process.returncode, "", stderr)
+
+    sentence = one_sentence(result)
+    assert sentence.startswith("attnlab: could not write "), sentence
+    assert "(No space left on device" in sentence
+    assert sentence.endswith(
+        f"free space there; then resume with: python train.py run_dir={run_dir}"
+    )
+    saved = torch.load(last, weights_only=True)
+    assert saved["global_step"] > 0
+    assert not list(run_dir.rglob(".*partial*")), "no half-written file left"
+
+    filler.unlink()
+    resumed = train_py(f"run_dir={run_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert torch.load(last, weights_only=True)["global_step"] > saved["global_step"]
+
+
+@pytest.mark.parametrize(
+    "where,written",
+    [
+        ("paths.log_dir=/proc/attnlab-nowhere", "/proc/attnlab-nowhere/probe/runs"),
+        ("hydra.run.dir=/proc/attnlab-nowhere/run", "/proc/attnlab-nowhere/run"),
+    ],
+)
+def test_a_directory_that_cannot_be_written_is_one_sentence(where, written):
+    assert one_sentence(train_py(where, "trainer.max_steps=1")) == (
+        f"attnlab: cannot write in {written} (No such file or directory): make it writable, or "
+        "pass paths.log_dir=<a writable directory>"
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_gpu_trainer_without_a_gpu_is_one_sentence(tmp_path):
+    assert one_sentence(train_py("trainer=gpu", f"hydra.run.dir={tmp_path / 'run'}")) == (
+        "attnlab: trainer.accelerator=gpu needs a GPU, and this machine has none: use "
+        "trainer=cpu, or trainer.accelerator=auto to use a GPU wherever there is one"
+    )
+
+
+@pytest.mark.skipif(shutil.which("srun") is not None, reason="this machine has SLURM")
+def test_the_slurm_launcher_without_slurm_is_one_sentence(tmp_path):
+    result = train_py("-m", "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert one_sentence(result) == (
+        "attnlab: hydra/launcher=slurm submits the sweep to SLURM, and this machine has no SLURM "
+        "(no srun on its PATH): run the command on the cluster's login node, or run the sweep "
+        "here with hydra/launcher=joblib"
+    )
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("added", ["+optimizer=adam", "++scheduler=cosine"])
+def test_a_group_that_does_not_exist_is_not_added_silently(added, tmp_path):
+    sentence = one_sentence(train_py(added, f"hydra.run.dir={tmp_path / 'run'}"))
+    group = added.lstrip("+").split("=")[0]
+    assert sentence.startswith(
+        f"attnlab: {added} adds a setting that nothing reads: attnlab has no config group {group} "
+        "(the groups are task, pe, norm,"
+    ), sentence
+    assert not (tmp_path / "run").exists()

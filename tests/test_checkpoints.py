@@ -3,6 +3,7 @@ allowed overrides, and evaluated only as the model they hold."""
 
 from __future__ import annotations
 
+import copy
 import os
 import pathlib
 import signal
@@ -16,7 +17,8 @@ import torch
 from helpers import ROOT
 
 from attnlab.checkpoints import AtomicCheckpointIO
-from attnlab.resume import RECORD_KEY, allowed_overrides
+from attnlab.config import ConfigError, to_dict
+from attnlab.resume import RECORD_KEY, allowed_overrides, check_same_model
 
 SHM = Path("/dev/shm")
 
@@ -181,3 +183,15 @@ def test_a_checkpoint_is_used_only_as_the_model_it_holds(
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert f"uses the model stored in the checkpoint, which has {change}" in last, last
+
+
+def test_kernels_and_initialization_are_not_the_model(make_config):
+    """A checkpoint of an older attnlab (FlexAttention on by default, learned positions drawn
+    with std 0.02) is the same model under today's defaults."""
+    config = to_dict(make_config(["pe=learned", "model=tiny"]))
+    stored = copy.deepcopy(config)
+    stored["model"]["flex_attention"], stored["pe"]["init_std"] = True, 0.02
+    check_same_model(config, stored, "eval.py")
+    stored["model"]["d_model"] = 2 * config["model"]["d_model"]
+    with pytest.raises(ConfigError, match=r"model\.d_model="):
+        check_same_model(config, stored, "eval.py")

@@ -66,6 +66,7 @@ def test_a_tiny_model_overfits_64_real_pairs_and_eval_py_decodes_other_files(mak
         [
             sys.executable, "eval.py", f"ckpt_path={ckpt}", f"task.data.dir={other}",
             "decode.beam=4", f"hydra.run.dir={tmp_path / 'eval'}",
+            f"paths.data_dir={tmp_path / 'cache'}",  # never taken from the checkpoint
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -83,7 +84,8 @@ def test_a_tiny_model_overfits_64_real_pairs_and_eval_py_decodes_other_files(mak
         for side, lang in (("src", "en"), ("tgt", "de"))
     ]
     by_path = subprocess.run(
-        [sys.executable, "eval.py", f"ckpt_path={ckpt}", *files, "decode.beam=4", f"hydra.run.dir={tmp_path / 'pair'}"],
+        [sys.executable, "eval.py", f"ckpt_path={ckpt}", *files, "decode.beam=4", f"hydra.run.dir={tmp_path / 'pair'}",
+         f"paths.data_dir={tmp_path / 'cache'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert by_path.returncode == 0, by_path.stderr[-3000:]

@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 METADATA = ("name", "description", "paper")
 DESCRIPTIVE = ("_target_", "description", "paper")  # what a node is and where its class lives
 ARCHITECTURE = ("model", "block", "pe", "norm", "synthesizer")  # the groups weights are built for
-KERNELS = ("fast_attention", "flex_attention", "attention_chunk", "compile")  # how, not what
+# model settings that choose kernels or a starting point, not what the trained weights are
+NOT_WEIGHTS = ("fast_attention", "flex_attention", "attention_chunk", "compile", "init_std")
 
 
 _reserved: list[Path] = []  # directories unique_directory made in this process

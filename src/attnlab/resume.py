@@ -21,7 +21,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
-from attnlab.config import ARCHITECTURE, DESCRIPTIVE, KERNELS, ConfigError, flatten
+from attnlab.config import ARCHITECTURE, DESCRIPTIVE, NOT_WEIGHTS, ConfigError, flatten
 
 RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
 LAST = "last.ckpt"  # the latest state of a run, in <run dir>/checkpoints/
@@ -215,8 +215,8 @@ def training_arguments(args: list[str]) -> list[str] | None:
 
 def check_same_model(config: dict[str, Any], stored: dict[str, Any], program: str) -> None:
     """Refuse a config whose model differs from the checkpoint's: settings both define with
-    different values (a setting only one side knows is a newer option, not a conflict;
-    the kernels that compute attention may differ, the weights are the same)."""
+    different values (a setting only one side knows is a newer option, not a conflict; the
+    kernels that compute attention and how the weights were initialized may differ)."""
     mine = flatten({key: config.get(key) for key in ARCHITECTURE}) | {
         "task.name": config["task"]["name"]
     }
@@ -228,7 +228,7 @@ def check_same_model(config: dict[str, Any], stored: dict[str, Any], program: st
         for key in mine
         if key in theirs
         and mine[key] != theirs[key]
-        and key.split(".")[-1] not in (*DESCRIPTIVE, *KERNELS)
+        and key.split(".")[-1] not in (*DESCRIPTIVE, *NOT_WEIGHTS)
     ]
     if differing:
         changes = ", ".join(f"{k}={theirs[k]} (not {mine[k]})" for k in differing)

@@ -7,6 +7,7 @@ made outside that directory's logs/ and the run directory."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -149,3 +150,26 @@ def test_a_checkpoint_whose_hyperparameters_name_other_code_is_refused(trained, 
         "attnlab: _target_ 'tempfile.mkdtemp' is not a class of attnlab: variants, tasks and "
         "systems are built from attnlab's own classes (add a new one under src/attnlab/)"
     )
+
+
+def test_comparing_run_directories_runs_no_resolver_they_store(trained, tmp_path):
+    """Run a's pe is shown from its config (run b overrides pe), which someone edited."""
+    runs = tmp_path / "runs"
+    shutil.copytree(trained, runs / "a")
+    shutil.copytree(trained, runs / "b")
+    made = tmp_path / "made"
+    edited = runs / "a" / ".hydra" / "config.yaml"
+    text = edited.read_text().replace("name: sinusoidal", "name: ${oc.env:ATTNLAB_SECRET}", 1)
+    edited.write_text(text.replace("name: softmax", f"name: ${{unique:{made}}}", 1))
+    other = runs / "b" / ".hydra"
+    (other / "overrides.yaml").write_text((other / "overrides.yaml").read_text() + "- pe=rope\n")
+    config = other / "config.yaml"
+    config.write_text(config.read_text().replace("name: sinusoidal", "name: rope", 1))
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "attnlab"), "compare", str(runs)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "ATTNLAB_SECRET": "hunter2"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| a | ${oc.env:ATTNLAB_SECRET} |" in result.stdout, "shown as the text it is"
+    assert "hunter2" not in result.stdout + (runs / "comparison.md").read_text()
+    assert not list(tmp_path.glob("made*"))

@@ -2,7 +2,8 @@
 
 A run directory is one that Hydra gave a `.hydra/config.yaml` (every train.py run and every
 job of a sweep). Its metrics are Lightning's `csv/metrics.csv`; its state is train.py's
-`status.json` (see `attnlab.status`). Everything is read as data (YAML, CSV, JSON).
+`status.json` (see `attnlab.status`). Everything is read as data (YAML, CSV, JSON); a
+resolver call in a saved config is text, never run.
 """
 
 from __future__ import annotations
@@ -128,6 +129,27 @@ def read_metrics(path: Path) -> dict[str, Series]:
     return metrics
 
 
+RESOLVER_CALL = re.compile(r"\$\{\s*[\w.-]+\s*:")  # ${oc.env:X}, ${unique:...}: code, not data
+
+
+def _literal(value: object) -> object:
+    if isinstance(value, dict):
+        return {key: _literal(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_literal(item) for item in value]
+    if isinstance(value, str) and RESOLVER_CALL.search(value):
+        return value.replace("${", "\\${")  # OmegaConf reads `\${` as the text `${`
+    return value
+
+
+def literal_config(config: DictConfig) -> DictConfig:
+    """A run's saved config with every resolver call made text: references between its keys
+    (`${task.markers}`) still resolve, but reading a run directory never runs a resolver
+    (`${oc.env:...}` would put the environment into a report, `${unique:...}` make a
+    directory)."""
+    return OmegaConf.create(_literal(OmegaConf.to_container(config, resolve=False)))
+
+
 def read_run(run_dir: Path, root: Path) -> Run:
     hydra_dir = run_dir / ".hydra"
     overrides_file = hydra_dir / "overrides.yaml"
@@ -140,7 +162,7 @@ def read_run(run_dir: Path, root: Path) -> Run:
             for key, value in map(parse_override, map(str, overrides))
             if not HOW_STARTED.fullmatch(key)
         },
-        config=OmegaConf.load(hydra_dir / "config.yaml"),
+        config=literal_config(OmegaConf.load(hydra_dir / "config.yaml")),
         metrics=read_metrics(run_dir / "csv" / "metrics.csv"),
         status=status.read(run_dir),
     )

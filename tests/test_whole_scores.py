@@ -120,3 +120,21 @@ def test_a_run_reads_the_data_it_was_trained_on_from_any_directory(tmp_path):
         "hydra.run.dir=e3", cwd=there,
     )  # fmt: skip
     assert moved.returncode == 0, moved.stderr[-2000:]
+
+
+def test_compare_says_where_a_test_scored_part_of_its_split(tmp_path):
+    for name, limit in (("whole", []), ("part", ["++trainer.limit_test_batches=1"])):
+        result = program("train.py", *PROBE, *limit, f"hydra.run.dir={tmp_path / 'runs' / name}")
+        assert result.returncode == 0, result.stderr[-2000:]
+    compared = subprocess.run(
+        [str(Path(sys.executable).parent / "attnlab"), "compare", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    header, _, *rows = compared.stdout.splitlines()[:4]
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    assert "test examples" in columns and "test/examples" not in columns
+    cells = {row.split("|")[1].strip(): row.split("|") for row in rows}
+    position = columns.index("test examples") + 1
+    assert cells["part"][position].strip() == "4 of 16"
+    assert cells["whole"][position].strip() == ""

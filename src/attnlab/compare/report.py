@@ -121,6 +121,7 @@ def row(run: Run, keys: list[str], test_metrics: list[str]) -> Row:
         final=run.last(metric),
         best=run.best(metric, mode),
         **{name: run.last(name) for name in test_metrics},
+        **({"test examples": partial} if (partial := scored_examples(run)) else {}),
         params=run.status.params if run.status else None,
         steps=run.steps(),
         wall_time=duration(run.status.wall_time) if run.status else None,
@@ -233,9 +234,19 @@ def configurations_table(configs: list[Configuration]) -> str:
 
 
 def metric_names(runs: list[Run], prefix: str) -> list[str]:
-    """The metrics some run logged under `prefix`, accuracy by position aside."""
+    """The scores some run logged under `prefix`: neither accuracy by position nor how many
+    examples were scored (`test examples` says that, where a test scored fewer)."""
     found = {m for run in runs for m in run.metrics if m.startswith(prefix)}
-    return sorted(m for m in found if not BY_POSITION.fullmatch(m))
+    counts = (f"{prefix}examples", f"{prefix}examples_total")
+    return sorted(m for m in found if not BY_POSITION.fullmatch(m) and m not in counts)
+
+
+def scored_examples(run: Run) -> str:
+    """`N of M` where the run's test scored N of its split's M examples, else blank."""
+    scored, total = run.last("test/examples"), run.last("test/examples_total")
+    if scored is None or total is None or scored >= total:
+        return ""
+    return f"{scored:,.0f} of {total:,.0f}"
 
 
 def compare(directory: Path) -> Comparison:

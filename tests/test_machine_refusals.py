@@ -126,3 +126,16 @@ def test_a_group_that_does_not_exist_is_not_added_silently(added, tmp_path):
         "(the groups are task, pe, norm,"
     ), sentence
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("data_dir", [None, "elsewhere"])
+def test_the_resume_command_names_a_cache_of_the_runs_own(data_dir, make_config, tmp_path):
+    from attnlab.train import resumable
+
+    paths = [] if data_dir is None else [f"paths.data_dir={tmp_path / data_dir}"]
+    cfg = make_config(paths)
+    assert resumable(cfg) is None, "nothing to resume before the first checkpoint"
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").touch()
+    suffix = "" if data_dir is None else f" paths.data_dir={tmp_path / data_dir}"
+    assert resumable(cfg) == f"python train.py run_dir={tmp_path.resolve()}{suffix}"

@@ -141,12 +141,17 @@ def train_main(cfg: DictConfig) -> float | None:
 
 
 def resumable(cfg: DictConfig) -> str | None:
-    """The command that resumes this run, if it has a checkpoint to resume from."""
+    """The command that resumes this run, if it has a checkpoint to resume from. A resume
+    takes no `paths.*` from the checkpoint, so a cache directory of the run's own is named."""
     from attnlab.checkpoints import resume_command
     from attnlab.resume import LAST
 
     run_dir = Path(cfg.paths.output_dir).resolve()
-    return resume_command(run_dir) if (run_dir / "checkpoints" / LAST).is_file() else None
+    if not (run_dir / "checkpoints" / LAST).is_file():
+        return None
+    data_dir = Path(cfg.paths.data_dir).resolve()
+    own_cache = data_dir != (Path(cfg.paths.root_dir) / "data").resolve()
+    return resume_command(run_dir) + (f" paths.data_dir={data_dir}" if own_cache else "")
 
 
 def interrupted(cfg: DictConfig) -> str:

@@ -143,6 +143,12 @@ def test_the_learned_table_starts_normal_on_the_token_scale_or_with_init_std(
     assert abs(table.mean().item()) < 0.05 * std
 
 
+@pytest.mark.parametrize("init_std", ["-1", "0", "abc"])
+def test_a_learned_init_std_that_is_not_a_positive_number_is_one_sentence(init_std):
+    with pytest.raises(ConfigError, match=r"pe\.init_std=.* must be a positive number, or null"):
+        pe("learned", f"init_std={init_std}")
+
+
 def rms(t: torch.Tensor) -> float:
     return t.detach().square().mean().sqrt().item()
 

@@ -10,9 +10,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import ROOT, SHARED_DATA
+
+from attnlab.callbacks import ValidateAtEnd
 
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
 PROBE = ["model=tiny", "trainer.max_epochs=1", "task.data.train_size=64", "task.data.batch_size=4"]
@@ -138,3 +141,11 @@ def test_compare_says_where_a_test_scored_part_of_its_split(tmp_path):
     position = columns.index("test examples") + 1
     assert cells["part"][position].strip() == "4 of 16"
     assert cells["whole"][position].strip() == ""
+
+
+@pytest.mark.parametrize("max_epochs,kept", [(-1, 5), (None, 5), (3, 5), (1, 1)])
+def test_only_a_last_epoch_of_a_budget_is_made_to_validate(max_epochs, kept):
+    """Epoch 0 is the last of max_epochs=1 only; -1 and None set no epoch budget."""
+    trainer = SimpleNamespace(max_epochs=max_epochs, current_epoch=0, check_val_every_n_epoch=5)
+    ValidateAtEnd().on_train_epoch_start(trainer, None)
+    assert trainer.check_val_every_n_epoch == kept

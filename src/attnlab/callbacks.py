@@ -105,9 +105,8 @@ class ValidateAtEnd(L.Callback):
     Asking the loop to stop at the last step makes it validate before it stops."""
 
     def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        last_epoch = (
-            trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
-        )
+        epochs = trainer.max_epochs  # -1 or None: no epoch budget, so no last epoch
+        last_epoch = epochs is not None and 0 < epochs <= trainer.current_epoch + 1
         if last_epoch and trainer.check_val_every_n_epoch is not None:
             trainer.check_val_every_n_epoch = 1
 

@@ -219,11 +219,7 @@ class LatestCheckpoint(L.Callback):
         by a second Ctrl-C: every other stop comes between steps, or before a step changed
         anything) or cannot be saved (the machine refused the last save); under DDP only a
         stop that every rank shares (SIGTERM) is saved."""
-        unsaveable = (
-            Diverged,
-            MachineError,
-            KeyboardInterrupt,
-        )  # the last two: it would fail again
+        unsaveable = (Diverged, MachineError, KeyboardInterrupt)
         if isinstance(exception, unsaveable) or trainer.state.fn != "fit":
             return
         if trainer.world_size > 1 and not isinstance(exception, SIGTERMException):

@@ -16,6 +16,7 @@ default). `init_std` sets σ explicitly instead.
 
 from torch import Tensor, nn
 
+from attnlab.config import ConfigError, is_number
 from attnlab.pe.base import PositionalEncoding
 from attnlab.shape import StackShape
 
@@ -27,6 +28,11 @@ class LearnedPE(PositionalEncoding):
         self, shape: StackShape, max_len: int = 512, init_std: float | None = None
     ) -> None:
         super().__init__(shape)
+        if init_std is not None and not (is_number(init_std) and init_std > 0):
+            raise ConfigError(
+                f"pe.init_std={init_std!r} must be a positive number, or null for the token "
+                "embeddings' scale"
+            )
         self.max_len = max_len
         self.table = nn.Embedding(max_len, shape.d_model)
         std = shape.embedding_rms if init_std is None else init_std

@@ -10,6 +10,7 @@ from attnlab.options import options
 from attnlab.train import train
 
 MULTI30K = SHARED_DATA / "multi30k"
+SHAKESPEARE = SHARED_DATA / "tinyshakespeare"
 SMALL_DATA = {
     "probe": ["task.data.train_size=64"],
     "multi30k": [
@@ -20,6 +21,7 @@ SMALL_DATA = {
         "task.data.vocab_size=500", "task.data.tokenizer_pairs=5000", "task.data.train_size=64",
         "task.system.val_generate=8",
     ],
+    "lm": [],
 }  # fmt: skip
 
 
@@ -28,6 +30,8 @@ def test_every_experiment_runs_one_fast_dev_run_job(experiment, make_config, tmp
     task = make_config([f"experiment={experiment}"]).task.name
     if task == "multi30k" and not MULTI30K.is_dir():
         pytest.skip(f"the shared Multi30k files are not at {MULTI30K}")
+    if task == "lm" and not SHAKESPEARE.is_dir():
+        pytest.skip(f"the shared Tiny Shakespeare is not at {SHAKESPEARE}")
     cfg = make_config(
         [f"experiment={experiment}", "model=tiny", "debug=fast", f"paths.data_dir={tmp_path}",
          *SMALL_DATA[task]]

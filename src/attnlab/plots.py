@@ -6,9 +6,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogFormatter
 
 CELL = 1.7  # inches per heat-map panel
+PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
+# x, and the mean, smallest and largest value (over seeds) at each x
+Band = tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]
 
 
 def save(figure: Figure, path: Path) -> Path:
@@ -37,6 +42,12 @@ def attention_figure(maps: Mapping[str, np.ndarray], title: str) -> Figure:
     return figure
 
 
+def line_style(index: int) -> str:
+    """The line style of the index-th curve: past the 10 colours of the cycle, curves are
+    told apart by their line style."""
+    return ("-", "--", ":", "-.")[index // 10 % 4]
+
+
 def curves_figure(
     curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], metric: str
 ) -> Figure:
@@ -45,9 +56,8 @@ def curves_figure(
     figure = Figure(figsize=(7.5, 4.0))
     ax = figure.subplots()
     for index, (label, (steps, values)) in enumerate(curves.items()):
-        style = ("-", "--", ":", "-.")[index // 10 % 4]
         marker = "." if len(steps) < 30 else None
-        ax.plot(steps, values, linestyle=style, marker=marker, label=label)
+        ax.plot(steps, values, linestyle=line_style(index), marker=marker, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
@@ -70,4 +80,92 @@ def heatmap_figure(
     ax.set_yticks(range(len(rows)), rows, fontsize=7)
     ax.set_title(title, fontsize=9)
     figure.colorbar(image, ax=ax, fraction=0.03)
+    return figure
+
+
+def lm_length_figures(
+    curves: Mapping[int, Sequence[float]],
+    ppl: Mapping[str, Mapping[int, float]],
+    bound: int | None,
+) -> tuple[Figure, Figure]:
+    """A language model's loss by position in windows of each evaluation length, and its
+    perplexity by evaluation length (non-overlapping and sliding windows); lengths past the
+    model's positions (`bound`) are marked not applicable."""
+    by_position = Figure(figsize=(7.5, 4.0))
+    ax = by_position.subplots()
+    for length, loss in sorted(curves.items()):
+        ax.plot(range(1, len(loss) + 1), loss, label=f"L = {length}", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("position in the window")
+    ax.set_ylabel("loss (nats per token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    by_length = Figure(figsize=(6.0, 4.0))
+    ax = by_length.subplots()
+    for mode, values in ppl.items():
+        lengths = sorted(values)
+        ax.plot(lengths, [values[n] for n in lengths], marker="o", label=mode)
+    if bound is not None:
+        ax.axvline(
+            bound, color="grey", linestyle=":", label=f"positions end ({bound}): n/a past it"
+        )
+    log2_axis(ax, "evaluation length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return by_position, by_length
+
+
+def log2_axis(ax: Axes, label: str) -> None:
+    """A log-2 x axis labelled in plain numbers (64, not 2^6)."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(PLAIN)
+    ax.set_xlabel(label)
+
+
+def log10_y_axis(ax: Axes) -> None:
+    """A log-10 y axis labelled in plain numbers (300, not 3 × 10^2), its minor ticks too
+    where it spans less than a few decades."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(PLAIN)
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
+def bands_figure(
+    panels: Mapping[str, Mapping[str, Band]],
+    xlabel: str,
+    ylabel: str,
+    marks: Mapping[float, str],
+    log_y: bool = True,
+) -> Figure:
+    """One panel per title of `panels`, side by side on a shared y axis; in each, one line per
+    label: the mean, the range from smallest to largest shaded. x is on a log-2 scale (y too
+    with `log_y`); `marks` draws a dotted vertical line at each x, labelled in the legend. A
+    label keeps its colour in every panel."""
+    figure = Figure(figsize=(1.5 + 4.5 * len(panels), 4.0))
+    axes = figure.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    labels = list(dict.fromkeys(label for bands in panels.values() for label in bands))
+    for ax, (title, bands) in zip(axes, panels.items(), strict=True):
+        for label, (xs, mean, low, high) in bands.items():
+            index = labels.index(label)
+            colour, style = f"C{index % 10}", line_style(index)
+            marker = "o" if len(xs) < 30 else None
+            ax.plot(xs, mean, color=colour, linestyle=style, marker=marker, label=label)
+            ax.fill_between(xs, low, high, color=colour, alpha=0.2, linewidth=0)
+        for x, text in marks.items():
+            ax.axvline(x, color="grey", linestyle=":", label=text)
+        log2_axis(ax, xlabel)
+        if log_y:
+            log10_y_axis(ax)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel(ylabel)
+    handles = [ax.get_legend_handles_labels() for ax in axes]
+    legend = {
+        text: line for lines, texts in handles for line, text in zip(lines, texts, strict=True)
+    }
+    axes[-1].legend(
+        legend.values(), legend.keys(), fontsize=7, loc="center left",
+        bbox_to_anchor=(1.01, 0.5), frameon=False,
+    )  # fmt: skip
     return figure

@@ -6,10 +6,14 @@
     comparison.csv   the same rows, unrounded
     curves_<metric>.png          every run's validation curve of each metric on one axis
     acc_by_position.png          accuracy by position, runs × positions (the probe)
+    ppl_by_length.png            perplexity by evaluation length (language models)
+    loss_by_position.png         loss by position in the longest windows (language models)
 
 When the seed was swept, comparison.md also has a table by configuration: each test metric's
 mean and range over the seeds, and ties where ranges overlap (see `attnlab.compare.seeds`);
-the accuracy-by-position plot then shows configurations, averaged over seeds.
+the accuracy-by-position plot then shows configurations, averaged over seeds. The language
+model plots always show configurations: the mean over the seeds, the range shaded. A metric at
+an evaluation length the run's model cannot take reads n/a (`attnlab.compare.lengths`).
 
 Rows are sorted by the best value of the optimized metric; runs that failed or never
 finished keep their row, marked so. Runs that never trained (a fast_dev_run, a run that
@@ -26,6 +30,14 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab.compare.lengths import (
+    NOT_APPLICABLE,
+    order,
+    plot_loss_by_position,
+    plot_ppl_by_length,
+    seeds_summary,
+    value,
+)
 from attnlab.compare.runs import BY_POSITION, Run, find_runs
 from attnlab.compare.seeds import (
     SEED,
@@ -120,7 +132,7 @@ def row(run: Run, keys: list[str], test_metrics: list[str]) -> Row:
         metric=metric,
         final=run.last(metric),
         best=run.best(metric, mode),
-        **{name: run.last(name) for name in test_metrics},
+        **{name: value(run, name) for name in test_metrics},
         **({"test examples": partial} if (partial := scored_examples(run)) else {}),
         params=run.status.params if run.status else None,
         steps=run.steps(),
@@ -174,7 +186,8 @@ def plot_curves(runs: list[Run], names: dict[str, str], directory: Path) -> list
             if run.metrics.get(metric)
         }
         name = f"curves_{metric.replace('/', '_')}.png"
-        paths.append(save(curves_figure(curves, metric), directory / name))
+        if curves:  # not a metric every run logged only as NaN
+            paths.append(save(curves_figure(curves, metric), directory / name))
     return paths
 
 
@@ -222,7 +235,7 @@ def configurations_table(configs: list[Configuration]) -> str:
     rows: list[Row] = []
     for config in ordered:
         cells: Row = {**config.setting, "seeds": len(config.runs)}
-        cells.update({name: summary(config.values(name)) for name in metric_names(runs, "test/")})
+        cells.update({name: seeds_summary(config, name) for name in metric_names(runs, "test/")})
         if standings:
             cells[f"{metric} vs best"] = standings.get(config.label, "")
         status = config.runs[0].status
@@ -234,11 +247,13 @@ def configurations_table(configs: list[Configuration]) -> str:
 
 
 def metric_names(runs: list[Run], prefix: str) -> list[str]:
-    """The scores some run logged under `prefix`: neither accuracy by position nor how many
-    examples were scored (`test examples` says that, where a test scored fewer)."""
-    found = {m for run in runs for m in run.metrics if m.startswith(prefix)}
+    """The scores some run logged under `prefix` (a number or NaN), those at evaluation
+    lengths in length order: neither accuracy by position nor how many examples were scored
+    (`test examples` says that, where a test scored fewer)."""
+    found = {m for run in runs for m in (*run.metrics, *run.nan) if m.startswith(prefix)}
     counts = (f"{prefix}examples", f"{prefix}examples_total")
-    return sorted(m for m in found if not BY_POSITION.fullmatch(m) and m not in counts)
+    kept = (m for m in found if not BY_POSITION.fullmatch(m) and m not in counts)
+    return sorted(kept, key=order)
 
 
 def scored_examples(run: Run) -> str:
@@ -269,6 +284,8 @@ def compare(directory: Path) -> Comparison:
     configs = configurations(runs, keys)
     plots = plot_curves(runs, labels(runs, keys), directory)
     plots += plot_by_position(configs, directory / "acc_by_position.png")
+    plots += plot_ppl_by_length(configs, directory / "ppl_by_length.png")
+    plots += plot_loss_by_position(configs, directory / "loss_by_position.png")
     never_trained = [run for run in found if not run.trained]
     by_configuration = configs if SEED in keys else []
     comparison = Comparison(directory, runs, rows, plots, by_configuration, never_trained)
@@ -277,12 +294,20 @@ def compare(directory: Path) -> Comparison:
     return comparison
 
 
+def not_applicable_note(comparison: Comparison) -> str:
+    """What n/a means, where a cell of the table says it."""
+    if not any(NOT_APPLICABLE in cells.values() for cells in comparison.rows):
+        return ""
+    return " n/a: an evaluation length longer than the run's model has positions for."
+
+
 def document(comparison: Comparison) -> str:
     lines = [
         f"# Comparison of {len(comparison.every_run)} runs in `{comparison.directory}`",
         "",
         "Sorted by the best value of each run's optimized metric (`metric`); `final` is its "
-        "last value. Test metrics are those of the best checkpoint.",
+        "last value. Test metrics are those of the best checkpoint."
+        + not_applicable_note(comparison),
         "",
         comparison.table(),
         "",

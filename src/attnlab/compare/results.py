@@ -20,6 +20,10 @@ differs from what the records give. The kinds of table, and their plot:
                     sequences and at the positions never trained; accuracy by position
     configurations  every test metric with ties within the seed spread, parameters and
                     training tokens/s; the validation loss curves
+    lengths         language models (task=lm): test perplexity at each evaluation length, in
+                    non-overlapping and in sliding windows, the mean and its 95% t interval
+                    over the seeds, n/a past the model's positions; perplexity by length
+                    (`attnlab.compare.lengths`)
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.compare.lengths import STAGE, WINDOWS, lengths, plot_ppl_by_length, seeds_summary
 from attnlab.compare.report import (
     Row,
     configurations_table,
@@ -39,11 +44,17 @@ from attnlab.compare.report import (
     swept_keys,
 )
 from attnlab.compare.runs import Run, find_runs
-from attnlab.compare.seeds import Configuration, configurations, summary
+from attnlab.compare.seeds import Configuration, configurations, interval_summary, summary
 from attnlab.config import ConfigError
 from attnlab.studies.probe import chance_bound, predict
 
-RECORD = (".hydra/config.yaml", ".hydra/overrides.yaml", "csv/metrics.csv", "status.json")
+RECORD = (
+    ".hydra/config.yaml",
+    ".hydra/overrides.yaml",
+    "csv/metrics.csv",
+    "status.json",
+    f"lengths/{STAGE}.json",  # a language model's: which evaluation lengths it could take
+)
 BLOCK = re.compile(
     r"(<!-- results:(?P<study>[\w-]+) (?P<kind>\w+) -->\n)(?P<body>.*?)"
     r"(<!-- /results:(?P=study) -->)",
@@ -137,11 +148,33 @@ def extrapolation_table(configs: list[Configuration]) -> str:
     return markdown_table(rows)
 
 
+def lengths_table(configs: list[Configuration]) -> str:
+    """Per configuration and kind of windows: the test perplexity at each evaluation length,
+    the mean and the half-width of its 95% t interval over the seeds; n/a at a length the
+    configuration's model cannot take."""
+    runs = [run for config in configs for run in config.runs]
+    rows = []
+    for config in configs:
+        for mode, windows in WINDOWS.items():
+            measure = f"{STAGE}/{mode}"
+            cells: Row = {**config.setting, "seeds": len(config.runs), "windows": windows}
+            for length in lengths(runs, measure):
+                metric = f"{measure}@{length}"
+                cells[f"L={length}"] = seeds_summary(config, metric, interval_summary)
+            rows.append(cells)
+    legend = (
+        "Test perplexity at each evaluation length L: the mean ± the half-width of its 95% t "
+        "interval over the seeds; n/a: longer than the model's positions."
+    )
+    return f"{legend}\n\n{markdown_table(rows)}"
+
+
 @dataclass(frozen=True)
 class Kind:
     table: Callable[[list[Configuration]], str]
     plot: Callable[[list[Configuration], Path], list[Path]]
     caption: str
+    task: str | None = None  # the task whose runs it reads; None: any
 
 
 def validation_loss(configs: list[Configuration], path: Path) -> list[Path]:
@@ -149,9 +182,10 @@ def validation_loss(configs: list[Configuration], path: Path) -> list[Path]:
 
 
 KINDS = {
-    "probe": Kind(probe_table, plot_by_position, "accuracy by position"),
-    "extrapolation": Kind(extrapolation_table, plot_by_position, "accuracy by position"),
+    "probe": Kind(probe_table, plot_by_position, "accuracy by position", "probe"),
+    "extrapolation": Kind(extrapolation_table, plot_by_position, "accuracy by position", "probe"),
     "configurations": Kind(configurations_table, validation_loss, "validation loss by step"),
+    "lengths": Kind(lengths_table, plot_ppl_by_length, "perplexity by evaluation length", "lm"),
 }
 
 
@@ -163,11 +197,11 @@ def block(study: str, kind: str, root: Path, draw: bool) -> str:
     runs = find_runs(records) if records.is_dir() else []
     if not runs:
         raise ConfigError(f"no run records for {study} in {records}: run `attnlab archive`")
-    tasks = {run.setting("task.name") for run in runs}
-    if kind in ("probe", "extrapolation") and tasks != {"probe"}:
+    tasks, reads = {run.setting("task.name") for run in runs}, KINDS[kind].task
+    if reads is not None and tasks != {reads}:
         raise ConfigError(
-            f"RESULTS.md block {study} has kind {kind}, which reads probe runs, but its records "
-            f"are of task {', '.join(sorted(map(str, tasks)))}: use kind configurations"
+            f"RESULTS.md block {study} has kind {kind}, which reads {reads} runs, but its "
+            f"records are of task {', '.join(sorted(map(str, tasks)))}: use kind configurations"
         )
     configs = configurations(runs, swept_keys(runs))
     text = KINDS[kind].table(configs) + "\n"

@@ -32,8 +32,9 @@ class Run:
     name: str  # the path relative to the compared directory
     overrides: dict[str, str]  # key -> value of each command-line override
     config: DictConfig
-    metrics: dict[str, Series]
+    metrics: dict[str, Series]  # numbers only: NaN is left out
     status: RunStatus | None
+    nan: frozenset[str] = frozenset()  # metrics whose last logged value is NaN
 
     def setting(self, key: str) -> str | None:
         """A config value, e.g. "optimized_metric" or "task.metric_mode" (None if absent)."""
@@ -105,10 +106,10 @@ def parse_override(override: str) -> tuple[str, str]:
     return key.lstrip("+~"), value
 
 
-def read_metrics(path: Path) -> dict[str, Series]:
-    """Each metric's logged (step, value) pairs, in order; a run still writing its file may
-    leave a last row cut short, which is skipped."""
-    metrics: dict[str, Series] = {}
+def read_logged(path: Path) -> dict[str, Series]:
+    """Each metric's logged (step, value) pairs, in order, NaN included; a run still writing
+    its file may leave a last row cut short, which is skipped."""
+    logged: dict[str, Series] = {}
     try:
         with path.open(newline="") as file:
             for row in csv.DictReader(file):
@@ -122,11 +123,22 @@ def read_metrics(path: Path) -> dict[str, Series]:
                         number = float(value)
                     except ValueError:
                         continue
-                    if not math.isnan(number):
-                        metrics.setdefault(key, []).append((int(float(step)), number))
+                    logged.setdefault(key, []).append((int(float(step)), number))
     except FileNotFoundError:
         pass
-    return metrics
+    return logged
+
+
+def numbers(logged: dict[str, Series]) -> dict[str, Series]:
+    """The logged series without their NaN values; a metric only ever NaN is left out."""
+    kept = {key: [(s, v) for s, v in series if not math.isnan(v)] for key, series in logged.items()}
+    return {key: series for key, series in kept.items() if series}
+
+
+def ending_in_nan(logged: dict[str, Series]) -> frozenset[str]:
+    """The metrics whose last logged value is NaN (a length a model cannot take, a run that
+    diverged)."""
+    return frozenset(key for key, series in logged.items() if math.isnan(series[-1][1]))
 
 
 RESOLVER_CALL = re.compile(r"\$\{\s*[\w.-]+\s*:")  # ${oc.env:X}, ${unique:...}: code, not data
@@ -152,6 +164,7 @@ def literal_config(config: DictConfig) -> DictConfig:
 
 def read_run(run_dir: Path, root: Path) -> Run:
     hydra_dir = run_dir / ".hydra"
+    logged = read_logged(run_dir / "csv" / "metrics.csv")
     overrides_file = hydra_dir / "overrides.yaml"
     overrides = OmegaConf.load(overrides_file) if overrides_file.is_file() else []
     return Run(
@@ -163,8 +176,9 @@ def read_run(run_dir: Path, root: Path) -> Run:
             if not HOW_STARTED.fullmatch(key)
         },
         config=literal_config(OmegaConf.load(hydra_dir / "config.yaml")),
-        metrics=read_metrics(run_dir / "csv" / "metrics.csv"),
+        metrics=numbers(logged),
         status=status.read(run_dir),
+        nan=ending_in_nan(logged),
     )
 
 

@@ -3,11 +3,14 @@
 A configuration's value of a metric is the mean over its seeds, shown with the range
 (smallest–largest). Two configurations tie when their ranges overlap: the difference
 between them is within the seed-to-seed spread. With one seed the spread is unknown and
-nothing is called a tie or a win.
+nothing is called a tie or a win. Where a study reports an interval instead of the range, it
+is the 95% t interval of the mean over the seeds (`interval_summary`).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 
 from attnlab.compare.runs import Run
@@ -22,8 +25,9 @@ class Configuration:
 
     @property
     def label(self) -> str:
-        """Its swept overrides; the run's name where nothing but the seed was swept."""
-        text = ",".join(f"{key}={value}" for key, value in self.setting.items())
+        """Its swept overrides (those it has a value of); the run's name where nothing but the
+        seed was swept."""
+        text = ",".join(f"{key}={value}" for key, value in self.setting.items() if value)
         return text or self.runs[0].name
 
     def values(self, metric: str) -> list[float]:
@@ -76,6 +80,26 @@ def summary(values: list[float], digits: int = 3) -> str:
     if len(values) == 1:
         return mean
     return f"{mean} ({number(min(values), digits)}–{number(max(values), digits)})"
+
+
+def interval(values: list[float], confidence: float = 0.95) -> float | None:
+    """The half-width of the t interval of the mean of `values` at `confidence`: the seeds
+    taken as a sample of the seeds there could be. None for fewer than two values."""
+    if len(values) < 2:
+        return None
+    from scipy.stats import t as student_t  # most of a second to import: only when needed
+
+    quantile = float(student_t.ppf((1 + confidence) / 2, len(values) - 1))
+    return quantile * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def interval_summary(values: list[float], digits: int = 3) -> str:
+    """The mean and the half-width of its 95% t interval over seeds: "5.210 ± 0.130"; the
+    mean alone for one seed."""
+    if not values:
+        return ""
+    mean, half = number(sum(values) / len(values), digits), interval(values)
+    return mean if half is None else f"{mean} ± {number(half, digits)}"
 
 
 def best_first(configs: list[Configuration], metric: str, mode: str) -> list[Configuration]:

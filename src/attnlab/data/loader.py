@@ -24,10 +24,14 @@ class ResumableSampler(DistributedSampler):
         super().__init__(dataset, **kwargs)
         self.skip = 0
 
+    def order(self) -> list[Any]:
+        """This rank's items of the epoch: DistributedSampler's (subclasses draw their own)."""
+        return list(super().__iter__())
+
     def __iter__(self) -> Iterator[Any]:
         # a generator: the order (and the skip) is taken at the first item asked for, after
         # Lightning's set_epoch and any resume_after, even if the iterator was made before
-        items = list(super().__iter__())
+        items = self.order()
         skip, self.skip = self.skip, 0
         yield from items[skip:]
 

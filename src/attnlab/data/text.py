@@ -1,7 +1,8 @@
-"""Reading text files: line counts, chunks, and `read_lines`, the one reader of data files
-(translation pairs and the references they are scored against, dialogues), so that every
-file's text is normalized alike: a byte order mark at its start dropped, whitespace
-stripped. Bytes that are not UTF-8, and control characters (a binary file), stop with the
+"""Reading text files: line counts, chunks, `read_lines`, the one reader of line-based data
+files (translation pairs and the references they are scored against, dialogues), and
+`read_text`, the reader of running text (a language model's), so that every file's text is
+normalized alike: a byte order mark at its start dropped, and lines stripped of whitespace
+(running text keeps it). Bytes that are not UTF-8, and control characters (a binary file), stop with the
 file and line.
 """
 
@@ -41,6 +42,22 @@ def read_lines(path: Path) -> Iterator[str]:
     with path.open("rb") as file:
         for number, raw in enumerate(file, 1):
             yield text_line(raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw, path, number)
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file's whole text as it is, newlines and spacing kept (a language model
+    reads them), a byte order mark at its start dropped; bytes that are not UTF-8 and control
+    characters stop with the file and line, as in `read_lines`."""
+    raw = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or NOT_TEXT.search(raw):
+        for number, line in enumerate(raw.split(b"\n"), 1):
+            text_line(line, path, number)  # raises for the first line that is not text
+    assert text is not None
+    return text
 
 
 def text_line(raw: bytes, path: Path, number: int) -> str:

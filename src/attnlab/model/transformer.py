@@ -179,6 +179,30 @@ class Tagger(nn.Module):
         return self.head(self.hidden(tokens, padding))
 
 
+class DecoderLM(nn.Module):
+    """Token embeddings -> a causal stack -> next-token logits: a decoder-only language model.
+    With tie_embeddings the output projection is the embedding matrix (Press & Wolf 2017)."""
+
+    def __init__(self, cfg: ModelConfig, attention: AttentionConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.embed = TokenEmbedding(vocab_size, cfg)
+        self.stack = Stack(cfg, attention, cfg.n_layers, causal=True)
+        self.output = (
+            None if cfg.tie_embeddings else linear(cfg.d_model, vocab_size, False, cfg.init_std)
+        )
+
+    def forward(self, tokens: Tensor, cache: StackCache | None = None) -> Tensor:
+        """Logits [B, T, V] of the token after each of tokens [B, T] (the new ones only when
+        a cache holds the earlier ones)."""
+        hidden = self.stack(self.embed(tokens), None, cache=cache)
+        if self.output is None:
+            return hidden @ self.embed.weight.t()
+        return self.output(hidden)
+
+    def new_cache(self) -> StackCache:
+        return StackCache.empty(self.stack.n_layers)
+
+
 class EncoderDecoder(nn.Module):
     """A bidirectional encoder and a causal decoder with cross-attention (translation).
 

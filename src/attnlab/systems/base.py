@@ -41,8 +41,8 @@ class System(L.LightningModule):
     def __init__(self, architecture: dict, optim: dict) -> None:
         super().__init__()
         # the subclass's arguments too; loggers get the run's config instead (train.py), and
-        # tokenizers go into checkpoints as bytes (attnlab.systems.seq2seq)
-        self.save_hyperparameters(logger=False, ignore=["tokenizers"])
+        # tokenizers go into checkpoints as bytes (the systems' on_save_checkpoint)
+        self.save_hyperparameters(logger=False, ignore=["tokenizers", "tokenizer"])
         check_optim(**optim)  # before any work, not when training starts
         self.optim = dict(optim)
         self.architecture = Architecture.from_config(architecture)

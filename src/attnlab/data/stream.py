@@ -1,0 +1,208 @@
+"""Running text as one stream of token ids: a language model's data.
+
+Tokenizers (`task.data.tokenizer`):
+  char           the characters of the training split, sorted, after the project's four
+                 special ids (pad 0, unk 1, bos 2, eos 3); a character the training split
+                 lacks maps to unk, and every split counts how many it holds.
+  sentencepiece  a SentencePiece model (BPE or unigram, attnlab.tokenizer) trained on the
+                 training split's lines; a line break is EOS, as in fairseq's LM data.
+
+A split is tokenized once into the stream cache, `<cache_dir>/streams/<key>/` (ids.bin and
+meta.json), keyed by the split's content and the tokenizer, built and checked by
+attnlab.tokenizer.build_once, and memory-mapped afterwards.
+
+Windows (`windows`): a model of context L scores the T = n - 1 next-token predictions of a
+stream of n tokens in windows of at most L inputs. Each window (start, end, first) reads the
+inputs start..end-1 and scores the predictions first..end-1; every prediction is scored
+exactly once. With stride S, window k ends at min(L + kS, T) and scores what the previous
+one did not: S = L gives non-overlapping windows (context restarts every L tokens; the last
+window may be shorter), S < L sliding windows of L inputs whose predictions all see at
+least L - S tokens before them (Press et al.
+2022, "Train Short, Test Long", section 4: sliding window evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from attnlab.data.cache import ids_dtype
+from attnlab.tokenizer import EOS_ID, UNK_ID, Tokenizer, build_once, cache_key
+
+log = logging.getLogger(__name__)
+
+SPECIALS = 4  # pad, unk, bos, eos: the ids every tokenizer of the project reserves
+Window = tuple[int, int, int]  # start, end, first scored prediction
+
+
+class StreamTokenizer(Protocol):
+    """What a language model's data and generation need from a tokenizer."""
+
+    kind: str  # "char" or "sentencepiece": what `restore_tokenizer` rebuilds from the bytes
+    key: str  # what stream caches are keyed by
+    unk_id: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> np.ndarray: ...
+
+    def decode(self, ids: Any) -> str: ...
+
+    def serialized(self) -> bytes: ...
+
+
+class CharTokenizer:
+    """One id per character of the training split (the module docstring)."""
+
+    kind, unk_id = "char", UNK_ID
+
+    def __init__(self, characters: str) -> None:
+        self.characters = "".join(sorted(set(characters)))
+        self.ids = {c: i for i, c in enumerate(self.characters, SPECIALS)}
+        self.key = cache_key({"char": self.characters})
+
+    @classmethod
+    def from_serialized(cls, model: bytes) -> CharTokenizer:
+        return cls(model.decode("utf-8"))
+
+    def serialized(self) -> bytes:
+        return self.characters.encode("utf-8")
+
+    @property
+    def vocab_size(self) -> int:
+        return SPECIALS + len(self.characters)
+
+    def encode(self, text: str) -> np.ndarray:
+        ids = self.ids
+        return np.fromiter((ids.get(c, UNK_ID) for c in text), np.int64, len(text))
+
+    def decode(self, ids: Any) -> str:
+        values = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        symbols = ["", "\N{REPLACEMENT CHARACTER}", "", "", *self.characters]
+        return "".join(symbols[i] for i in values)
+
+
+class PieceTokenizer:
+    """A SentencePiece model over running text: lines are encoded apart, each followed by
+    EOS, and EOS decodes as a line break."""
+
+    kind, unk_id = "sentencepiece", UNK_ID
+
+    def __init__(self, model: Tokenizer) -> None:
+        self.model, self.key = model, model.key
+
+    def serialized(self) -> bytes:
+        return self.model.serialized()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def encode(self, text: str) -> np.ndarray:
+        lines = text.split("\n")
+        pieces = self.model.encode_batch(lines[:-1] if text.endswith("\n") else lines)
+        return np.fromiter((i for line in pieces for i in (*line, EOS_ID)), np.int64)
+
+    def decode(self, ids: Any) -> str:
+        values = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        lines, line = [], []
+        for i in values:
+            if i == EOS_ID:
+                lines.append(line)
+                line = []
+            else:
+                line.append(i)
+        texts = [self.model.processor.decode(part) for part in [*lines, line]]
+        return "\n".join(texts)
+
+
+def restore_tokenizer(kind: str, model: bytes) -> StreamTokenizer:
+    """The tokenizer a checkpoint stored (its `kind` and bytes)."""
+    if kind == "char":
+        return CharTokenizer.from_serialized(model)
+    return PieceTokenizer(Tokenizer(model))
+
+
+class Stream:
+    """One split's token ids, memory-mapped, and what was counted when it was built."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.meta = json.loads((directory / "meta.json").read_text())
+
+    @property
+    def present(self) -> bool:
+        return self.meta["present"]
+
+    def __len__(self) -> int:
+        return self.meta["tokens"]
+
+    @cached_property
+    def ids(self) -> np.ndarray:
+        path = self.directory / "ids.bin"
+        if len(self) == 0:  # numpy cannot map an empty file
+            return np.empty(0, self.meta["dtype"])
+        return np.memmap(path, self.meta["dtype"], mode="r")
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers map the file themselves
+        return {"directory": self.directory, "meta": self.meta}
+
+
+def write_stream(
+    directory: Path,
+    text: Callable[[], str | None],
+    tokenizer: StreamTokenizer,
+    identity: dict[str, Any],
+    source: str,
+) -> None:
+    """Tokenize `text()` (None: the split is absent) into `directory`."""
+    meta: dict[str, Any] = {"identity": identity, "source": source}
+    content = text()
+    if content is None:
+        (directory / "meta.json").write_text(json.dumps({**meta, "present": False}))
+        return
+    dtype = ids_dtype(tokenizer.vocab_size)
+    ids = tokenizer.encode(content).astype(dtype)
+    (directory / "ids.bin").write_bytes(ids.tobytes())
+    unknown = int((ids == tokenizer.unk_id).sum())
+    meta.update(
+        present=True, tokens=len(ids), characters=len(content), unknown=unknown, dtype=dtype
+    )
+    (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def open_stream(
+    cache_dir: Path,
+    text: Callable[[], str | None],
+    tokenizer: StreamTokenizer,
+    identity: dict[str, Any],
+    source: str,
+) -> Stream:
+    """The split's stream from the cache, tokenized first if the cache lacks it."""
+    full = {"split": identity, "tokenizer": tokenizer.key}
+    entry = cache_dir / "streams" / cache_key(full)
+    built = build_once(entry, lambda partial: write_stream(partial, text, tokenizer, full, source))
+    stream = Stream(entry)
+    if stream.present:
+        log.info(
+            "%s: %d tokens (%s %s)", source, len(stream), "tokenized into" if built else "cached in",
+            entry,
+        )  # fmt: skip
+    return stream
+
+
+def windows(n_targets: int, length: int, stride: int) -> list[Window]:
+    """The windows that score each of `n_targets` predictions once (the module docstring)."""
+    found: list[Window] = []
+    first, end = 0, min(length, n_targets)
+    while end > first:
+        found.append((first if stride >= length else max(0, end - length), end, first))
+        first, end = end, min(end + stride, n_targets)
+    return found

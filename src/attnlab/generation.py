@@ -1,0 +1,282 @@
+"""Continuing text with a decoder-only language model, over the key/value cache.
+
+Each step feeds only the newest token and reuses the keys and values of the earlier ones
+(`cache=False` recomputes the whole prefix instead, which gives the same tokens: a test
+checks it). Tokens are picked greedily or drawn by attnlab.decoding's Sampler (top-k,
+nucleus, temperature) with a generator of its own, so a seed gives the same text again.
+
+`attnlab generate ckpt_path=... [prompt=...] [max_new_tokens=N] [samples=N] [cache=false]
+[decode.strategy=greedy|top_k|nucleus] [decode.top_k|top_p|temperature|seed=...]` continues
+a prompt with a task=lm checkpoint. Its settings follow Hydra's override grammar (quote a
+value holding characters the grammar reserves: 'prompt="O Romeo, Romeo!"'), but nothing is
+composed: no config, no output directory, no interpolation. In the prompt, `\\n` and `\\t`
+stand for a line break and a tab. Defaults: the run's `sample_prompt`, 200 new tokens or as
+many as a bounded positional encoding leaves room for, one sample, the cache on, nucleus
+sampling with the run's decode settings. The checkpoint is read as tensors and plain data
+only (attnlab.resume.read_checkpoint); the model is rebuilt from its hyperparameters, its
+weights and its tokenizer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from attnlab.config import ConfigError, is_count
+from attnlab.decoding import DecodeConfig, Sampler
+from attnlab.model.transformer import DecoderLM
+
+if TYPE_CHECKING:
+    from attnlab.data.stream import StreamTokenizer
+    from attnlab.systems.lm import LMSystem
+
+LM_STRATEGIES = ("greedy", "top_k", "nucleus")
+Pick = Callable[[Tensor], Tensor]  # log-probabilities [N, V] -> next tokens [N]
+
+SETTINGS = ("ckpt_path", "prompt", "max_new_tokens", "samples", "cache")
+DECODE_SETTINGS = ("strategy", "top_k", "top_p", "temperature", "seed")
+TEXT_SETTINGS = ("ckpt_path", "prompt")  # read as written: prompt=true is the text "true"
+DEFAULT_NEW_TOKENS = 200
+ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+QUOTING = "quote a value holding commas or special characters, e.g. 'prompt=\"O Romeo, Romeo!\"'"
+
+
+def counted(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def check_strategy(strategy: Any) -> None:
+    if strategy not in LM_STRATEGIES:
+        raise ConfigError(
+            f"decode.strategy={strategy} does not apply to a language model's text: use one of "
+            f"{', '.join(LM_STRATEGIES)}"
+        )
+
+
+def picker(config: DecodeConfig, strategy: str, generator: torch.Generator) -> Pick:
+    """How the next token is chosen: `strategy` with `config`'s top_k, top_p, temperature."""
+    check_strategy(strategy)
+    if strategy == "greedy":
+        return lambda log_probs: log_probs.argmax(-1)
+    top_k, top_p = (config.top_k, None) if strategy == "top_k" else (None, config.top_p)
+    return Sampler(generator, config.temperature, top_k, top_p)
+
+
+def check_room(net: DecoderLM, prompt_length: int, max_new_tokens: int) -> None:
+    """A ConfigError when the prompt and the new tokens exceed the model's positions."""
+    bound = net.stack.parts.max_len
+    needed = prompt_length + max_new_tokens - 1  # the last new token is never read
+    if bound is None or needed <= bound:
+        return
+    tokens = counted(prompt_length, "token")
+    if prompt_length > bound:
+        raise ConfigError(
+            f"a prompt of {tokens} is longer than the {bound} positions of the "
+            f"model's positional encoding: give a prompt of at most {bound} tokens"
+        )
+    raise ConfigError(
+        f"a prompt of {tokens} and {max_new_tokens} new ones need {needed} "
+        f"positions, but the model's positional encoding has {bound}: ask for at most "
+        f"{bound + 1 - prompt_length} new tokens, or a shorter prompt"
+    )
+
+
+@torch.inference_mode()
+def continue_text(
+    net: DecoderLM, prompt: Tensor, max_new_tokens: int, pick: Pick, cache: bool = True
+) -> Tensor:
+    """`max_new_tokens` tokens [N, max_new_tokens] after each prompt of prompt [N, P]."""
+    if prompt.shape[1] == 0:
+        raise ConfigError("the prompt is empty: give at least one token of text to continue")
+    check_room(net, prompt.shape[1], max_new_tokens)
+    state = net.new_cache() if cache else None
+    tokens, new = prompt, prompt
+    for _ in range(max_new_tokens):
+        logits = net(new if cache else tokens, state)[:, -1]
+        chosen = pick(torch.log_softmax(logits.float(), -1))
+        tokens = torch.cat((tokens, chosen[:, None]), 1)
+        new = chosen[:, None]
+    return tokens[:, prompt.shape[1] :]
+
+
+# text in, text out
+
+
+def encode_prompt(tokenizer: StreamTokenizer, prompt: str) -> Tensor:
+    """The ids of `prompt`, to be continued: a line the prompt leaves open stays open (the
+    SentencePiece stream tokenizer ends every line with EOS, a line break)."""
+    ids = torch.as_tensor(tokenizer.encode(prompt), dtype=torch.long)
+    if tokenizer.kind == "sentencepiece" and not prompt.endswith("\n") and len(ids):
+        return ids[:-1]  # the EOS encode() put after the open last line
+    return ids
+
+
+def continuation(tokenizer: StreamTokenizer, prompt: Tensor, new: Tensor) -> str:
+    """The text of `new` as it reads after `prompt` (with the space a SentencePiece word
+    carries, which decoding it alone would drop)."""
+    before = tokenizer.decode(prompt)
+    whole = tokenizer.decode(torch.cat((prompt, new)))
+    return whole[len(before) :] if whole.startswith(before) else tokenizer.decode(new)
+
+
+def continuations(
+    system: LMSystem,
+    prompt: str,
+    count: int | None,
+    samples: int,
+    config: DecodeConfig,
+    cache: bool = True,
+) -> list[str]:
+    """`samples` texts continuing `prompt` by `count` tokens (None: DEFAULT_NEW_TOKENS, or
+    fewer if the model's positions end sooner), drawn by `config` with its seed."""
+    check_strategy(config.strategy)
+    tokenizer = system.tokenizer
+    assert tokenizer is not None, "a language model system loaded from a checkpoint"
+    ids = encode_prompt(tokenizer, prompt)
+    if count is None:
+        bound = system.net.stack.parts.max_len
+        room = DEFAULT_NEW_TOKENS if bound is None else bound + 1 - len(ids)
+        count = max(1, min(DEFAULT_NEW_TOKENS, room))
+    pick = picker(config, config.strategy, torch.Generator().manual_seed(config.seed))
+    new = continue_text(system.net, ids.repeat(samples, 1), count, pick, cache)
+    return [prompt + continuation(tokenizer, ids, row) for row in new]
+
+
+def unknown_symbols(system: LMSystem, prompt: str) -> int:
+    """How many ids of `prompt` are the model's unknown symbol."""
+    tokenizer = system.tokenizer
+    assert tokenizer is not None
+    return int((encode_prompt(tokenizer, prompt) == tokenizer.unk_id).sum())
+
+
+# attnlab generate
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `attnlab generate` is asked for (the module docstring)."""
+
+    ckpt_path: str
+    prompt: str | None = None  # None: the run's sample_prompt
+    max_new_tokens: int | None = None  # None: DEFAULT_NEW_TOKENS, or what the positions allow
+    samples: int = 1
+    cache: bool = True
+    decode: dict[str, Any] = field(default_factory=dict)  # decode.* settings given
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "samples"):
+            value = getattr(self, name)
+            if value is not None and not is_count(value):
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if not isinstance(self.cache, bool):
+            raise ConfigError(f"cache={self.cache!r} must be true or false")
+
+
+def unescaped(text: str) -> str:
+    """`text` with \\n, \\t and \\\\ written out as a line break, a tab and a backslash."""
+    return re.sub(r"\\([nt\\])", lambda match: ESCAPES[match.group(1)], text)
+
+
+def parse_setting(arg: str) -> tuple[str, Any]:
+    """(key, value) of one `key=value` in Hydra's override grammar."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    try:
+        override = OverridesParser.create().parse_override(arg)
+    except Exception:
+        raise ConfigError(f"cannot read {arg!r} as key=value: {QUOTING}") from None
+    key = override.key_or_group
+    plain = override.type is OverrideType.CHANGE and override.package is None
+    if not plain or override.is_sweep_override() or "=" not in arg:
+        raise ConfigError(f"{arg!r} is not a plain key=value (one value per setting): {QUOTING}")
+    known = key in SETTINGS or (key.startswith("decode.") and key[7:] in DECODE_SETTINGS)
+    if not known:
+        names = [*SETTINGS, *(f"decode.{name}" for name in DECODE_SETTINGS)]
+        raise ConfigError(f"generate has no setting {key}: its settings are {', '.join(names)}")
+    value = override.value()
+    if key in TEXT_SETTINGS and not isinstance(value, str):
+        value = arg.split("=", 1)[1].strip()  # as written, not as a number, bool or null
+    return key, value
+
+
+def parse_request(args: list[str]) -> Request:
+    """The request of `attnlab generate`'s key=value arguments."""
+    settings: dict[str, Any] = {}
+    decode: dict[str, Any] = {}
+    for arg in args:
+        key, value = parse_setting(arg)
+        if key.startswith("decode."):
+            decode[key[7:]] = value
+        else:
+            settings[key] = value
+    if "ckpt_path" not in settings:
+        raise ConfigError(
+            "generate needs the language model to continue the prompt with: pass "
+            "ckpt_path=<run>/checkpoints/last.ckpt"
+        )
+    if "prompt" in settings:
+        settings["prompt"] = unescaped(settings["prompt"])
+    if "strategy" in decode:
+        check_strategy(decode["strategy"])
+    return Request(**settings, decode=decode)
+
+
+def load_language_model(path: str) -> LMSystem:
+    """The language model system a checkpoint holds, in eval mode, on the CPU; read as
+    tensors and plain data, rebuilt from its hyperparameters (no code named by the file
+    runs, no interpolation is resolved)."""
+    from attnlab.config import own_class
+    from attnlab.resume import RECORD_KEY, read_checkpoint
+    from attnlab.systems.lm import LMSystem
+    from attnlab.tasks.lm import TOKENIZER_KEY
+
+    checkpoint = read_checkpoint(path)
+    task = checkpoint[RECORD_KEY].get("config", {}).get("task", {})
+    if task.get("name") != "lm" or TOKENIZER_KEY not in checkpoint:
+        raise ConfigError(
+            f"{path} holds a model of task={task.get('name')}: generate needs a language "
+            "model checkpoint (a run of task=lm)"
+        )
+    system_class = own_class(task.get("system", {}).get("_target_"))
+    hyperparameters = checkpoint.get("hyper_parameters")
+    if not (issubclass(system_class, LMSystem) and isinstance(hyperparameters, dict)):
+        raise ConfigError(f"{path} holds no language model system to rebuild")
+    accepted = inspect.signature(system_class).parameters
+    arguments = {k: v for k, v in hyperparameters.items() if k in accepted}
+    try:
+        system = system_class(**arguments)
+        system.on_load_checkpoint(checkpoint)
+        system.load_state_dict(checkpoint["state_dict"])
+    except ConfigError:
+        raise
+    except (TypeError, KeyError, RuntimeError, ValueError) as error:
+        raise ConfigError(
+            f"{path} cannot be rebuilt into its model ({type(error).__name__}): it was written "
+            "by another version of attnlab, or damaged"
+        ) from None
+    return system.eval()
+
+
+def generate(args: list[str]) -> list[str]:
+    """`attnlab generate`: the texts (prompt and continuation) that `args` ask for."""
+    request = parse_request(args)
+    system = load_language_model(request.ckpt_path)
+    prompt = system.sample_prompt if request.prompt is None else request.prompt
+    config = replace(system.decode_config, **{"strategy": "nucleus", **request.decode})
+    if unknown := unknown_symbols(system, prompt):
+        print(
+            f"attnlab: {counted(unknown, 'symbol')} of the prompt not in the model's "
+            "vocabulary, read as its unknown symbol",
+            file=sys.stderr,
+        )
+    return continuations(
+        system, prompt, request.max_new_tokens, request.samples, config, request.cache
+    )

@@ -1,0 +1,251 @@
+"""Language modeling with a decoder-only stack: the system of task=lm.
+
+Trains on windows of block_size tokens with the next-token cross-entropy (`train/loss`, in
+nats per token). Validation while training scores the whole validation split in
+non-overlapping windows of block_size: `val/loss`, `val/ppl` and, with the char tokenizer,
+`val/bpc` (bits per character = loss / ln 2). An evaluation (the test, or eval.py) scores
+its split at every evaluation length L, in non-overlapping windows (`<split>/loss@L`,
+`ppl@L`, `bpc@L`) and in sliding windows (`ppl_sliding@L`, `bpc_sliding@L`), and the
+loss at each position of the non-overlapping windows: the curve that shows where a
+positional encoding breaks past its training length. A length beyond the model's positions
+(pe=learned's max_len) is not applicable: logged as NaN, marked so in the files, never
+evaluated. Files in the run directory: lengths/<split>.json (every length's numbers),
+lengths/<split>_loss_by_position.csv and .png, lengths/<split>_ppl_by_length.png; and at
+each validation, samples continuing `sample_prompt` (samples/step<N>.txt; a W&B text table).
+Validation samples are nucleus samples with decode.top_p, decode.temperature and decode.seed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.loggers import WandbLogger
+from torch import Tensor
+
+from attnlab.config import ConfigError, require_counts
+from attnlab.data.stream import StreamTokenizer, restore_tokenizer
+from attnlab.data.task import TaskData
+from attnlab.decoding import DecodeConfig
+from attnlab.generation import continue_text, picker
+from attnlab.model.maps import attention_maps
+from attnlab.model.transformer import DecoderLM
+from attnlab.plots import lm_length_figures, save
+from attnlab.systems.base import System
+from attnlab.tasks.lm import TOKENIZER_KEY
+
+log = logging.getLogger(__name__)
+LN2 = math.log(2)
+
+
+class LMSystem(System):
+    def __init__(
+        self,
+        architecture: dict,
+        optim: dict,
+        vocab_size: int,
+        samples: int = 2,
+        sample_prompt: str = "\n",
+        sample_tokens: int = 200,
+        decode: dict | None = None,
+        tokenizer: StreamTokenizer | None = None,
+    ) -> None:
+        super().__init__(architecture, optim)
+        require_counts("task.system", least=0, samples=samples)
+        require_counts("task.system", sample_tokens=sample_tokens)
+        self.tokenizer = tokenizer  # from the data; from the checkpoint when loaded
+        self.net = DecoderLM(self.architecture.model, self.architecture.attention, vocab_size)
+        self.decode_config = DecodeConfig(**(decode or {}))
+        self.samples, self.sample_prompt, self.sample_tokens = samples, sample_prompt, sample_tokens
+        self.not_applicable: list[int] = []
+        self.sums: dict[tuple[str, int], Tensor] = {}  # (mode, L) -> [nll, tokens], float64
+        self.by_position: dict[int, Tensor] = {}  # L -> [2, L]: nll and tokens per position
+
+    # the contract (attnlab.systems.base)
+
+    def attention_maps(self, batch: Any) -> dict[str, Tensor]:
+        tokens = self.inputs(batch)[:1].to(self.device)
+        maps = attention_maps(self.net, lambda: self.net(tokens))
+        return {name: weights[0] for name, weights in maps.items()}
+
+    def check_lengths(self, data: TaskData) -> None:
+        self.net.stack.check_length(data.max_seq_len)
+        skipped = data.limit_lengths(self.net.stack.parts.max_len)  # type: ignore[attr-defined]
+        self.not_applicable = skipped
+        if skipped:
+            log.warning(
+                "evaluation lengths %s are not applicable: the model has %d positions "
+                "(pe.max_len); they are reported as n/a", skipped, self.net.stack.parts.max_len,
+            )  # fmt: skip
+
+    @staticmethod
+    def inputs(batch: Any) -> Tensor:
+        tokens = batch["tokens"] if isinstance(batch, dict) else batch
+        return tokens[:, :-1]
+
+    def batch_tokens(self, batch: Any) -> int:
+        return self.inputs(batch).numel()
+
+    def batch_examples(self, batch: Any) -> int:
+        return self.inputs(batch).shape[0]
+
+    # training and evaluation
+
+    def token_nll(self, tokens: Tensor) -> Tensor:
+        """The loss [B, T] of each next token of windows tokens [B, T + 1]."""
+        logits = self.net(tokens[:, :-1])
+        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32
+        flat = F.cross_entropy(wide.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
+        return flat.view(tokens.shape[0], -1)
+
+    def training_step(self, batch: Tensor, batch_idx: int) -> Tensor:
+        loss = self.token_nll(batch).mean()
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def _accumulate(self, batch: dict[str, Any]) -> None:
+        nll = self.token_nll(batch["tokens"]).double()
+        position = torch.arange(nll.shape[1], device=nll.device)
+        scored = position[None, :] >= batch["first"][:, None]
+        mode, length = batch["mode"], batch["length"]
+        sums = self.sums.setdefault((mode, length), nll.new_zeros(2))
+        sums += torch.stack((nll[scored].sum(), scored.sum().double()))
+        if mode == "ppl":
+            per = self.by_position.setdefault(length, nll.new_zeros(2, length))
+            per[0, : nll.shape[1]] += (nll * scored).sum(0)
+            per[1, : nll.shape[1]] += scored.sum(0)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._accumulate(batch)
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._accumulate(batch)
+
+    def _reduced(self) -> tuple[dict[tuple[str, int], Tensor], dict[int, Tensor]]:
+        """Every rank's sums, added (keys in a fixed order, so every rank reduces alike)."""
+        reduce = self.trainer.strategy.reduce
+        sums = {k: reduce(v, reduce_op="sum") for k, v in sorted(self.sums.items())}
+        per = {k: reduce(v, reduce_op="sum") for k, v in sorted(self.by_position.items())}
+        self.sums, self.by_position = {}, {}
+        return sums, per
+
+    def _finish(self, stage: str) -> None:
+        sums, per = self._reduced()
+        char = self.tokenizer is not None and self.tokenizer.kind == "char"
+        fitting = self.trainer.state.fn == "fit"
+        results: dict[str, dict[str, float | None]] = {}
+        for (mode, length), (nll, count) in sums.items():
+            loss = float(nll / count)
+            suffix = "" if fitting else f"@{length}"
+            entry = results.setdefault(str(length), {"tokens": float(count)})
+            if mode == "ppl":
+                entry["loss"] = loss
+                self.log(f"{stage}/loss{suffix}", loss, prog_bar=stage == "val")
+            entry[mode] = math.exp(loss)
+            self.log(f"{stage}/{mode}{suffix}", math.exp(loss))
+            if char:
+                bpc = mode.replace("ppl", "bpc")
+                entry[bpc] = loss / LN2
+                self.log(f"{stage}/{bpc}{suffix}", loss / LN2)
+        if fitting:
+            if not (self.trainer.sanity_checking or self.trainer.fast_dev_run) and self.samples:
+                self._log_samples()
+            return
+        names = ("loss", "ppl", "ppl_sliding", *(("bpc", "bpc_sliding") if char else ()))
+        for length in self.not_applicable:
+            results[str(length)] = {"applicable": False}  # type: ignore[dict-item]
+            for name in names:
+                self.log(f"{stage}/{name}@{length}", float("nan"))
+        if self.trainer.is_global_zero:
+            self._write_lengths(stage, results, per)
+
+    def _write_lengths(
+        self, stage: str, results: dict[str, dict[str, Any]], per: dict[int, Tensor]
+    ) -> None:
+        directory = Path(self.trainer.default_root_dir) / "lengths"
+        directory.mkdir(parents=True, exist_ok=True)
+        bound = self.net.stack.parts.max_len
+        record = {"max_positions": bound, "lengths": results}
+        (directory / f"{stage}.json").write_text(json.dumps(record, indent=2) + "\n")
+        lines = ["length,position,loss,tokens"]
+        curves = {}
+        for length, (nll, count) in per.items():
+            loss = (nll / count.clamp_min(1)).tolist()
+            lines += [
+                f"{length},{p},{value:.6f},{int(n)}"
+                for p, (value, n) in enumerate(zip(loss, count.tolist(), strict=True), 1)
+                if n
+            ]
+            curves[length] = [
+                v if n else float("nan") for v, n in zip(loss, count.tolist(), strict=True)
+            ]
+        (directory / f"{stage}_loss_by_position.csv").write_text("\n".join(lines) + "\n")
+        ppl = {
+            mode: {int(n): r.get(mode, float("nan")) for n, r in results.items()}
+            for mode in ("ppl", "ppl_sliding")
+        }
+        by_position, by_length = lm_length_figures(curves, ppl, bound)
+        save(by_position, directory / f"{stage}_loss_by_position.png")
+        save(by_length, directory / f"{stage}_ppl_by_length.png")
+
+    def on_validation_epoch_end(self) -> None:
+        self._finish("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._finish("test")
+
+    # samples
+
+    def sample(
+        self, prompt: str, count: int, max_new_tokens: int, strategy: str, seed: int
+    ) -> list[str]:
+        """`count` continuations of `prompt` (texts), drawn with `seed`."""
+        assert self.tokenizer is not None
+        ids = torch.as_tensor(self.tokenizer.encode(prompt), device=self.device)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        pick = picker(self.decode_config, strategy, generator)
+        was_training = self.net.training
+        self.net.eval()
+        try:
+            new = continue_text(self.net, ids.repeat(count, 1), max_new_tokens, pick)
+        finally:
+            self.net.train(was_training)
+        return [self.tokenizer.decode(row) for row in new]
+
+    def _log_samples(self) -> None:
+        bound = self.net.stack.parts.max_len
+        room = len(self.tokenizer.encode(self.sample_prompt)) if self.tokenizer else 0
+        tokens = self.sample_tokens if bound is None else min(self.sample_tokens, bound + 1 - room)
+        if tokens < 1 or not self.trainer.is_global_zero:
+            return
+        texts = self.sample(
+            self.sample_prompt, self.samples, tokens, "nucleus", self.decode_config.seed
+        )
+        path = Path(self.trainer.default_root_dir) / "samples" / f"step{self.global_step:06d}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rule = "\n" + "-" * 40 + "\n"
+        path.write_text(rule.join(self.sample_prompt + text for text in texts) + "\n")
+        log.info("sample at step %d:\n%s%s", self.global_step, self.sample_prompt, texts[0])
+        for logger in self.loggers:
+            if isinstance(logger, WandbLogger):
+                data = [[self.global_step, self.sample_prompt, text] for text in texts]
+                logger.log_text("val/samples", columns=["step", "prompt", "text"], data=data)
+
+    # checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.tokenizer is None:
+            raise ConfigError("the language model has no tokenizer to store with its weights")
+        checkpoint[TOKENIZER_KEY] = {
+            "kind": self.tokenizer.kind,
+            "model": self.tokenizer.serialized(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        stored = checkpoint[TOKENIZER_KEY]
+        self.tokenizer = restore_tokenizer(stored["kind"], stored["model"])

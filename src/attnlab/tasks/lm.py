@@ -1,0 +1,473 @@
+"""Language modeling data: running text, from files or the hub, as windows of a token stream.
+
+Sources (`source`):
+  local  `dir`: a directory of {train,valid,test}.txt (test optional); or `file`: one text
+         file cut into contiguous train/valid[/test] parts by `fractions` of its characters
+         (nanoGPT's 0.9/0.1 by default).
+  hub    Hugging Face `datasets` by `dataset`, `subset` and `revision` (WikiText-103 raw,
+         PG-19): the rows of `text_column`, one line each (attnlab.data.hub: an unreachable
+         hub stops at once, naming the local alternative).
+
+Tokenizers, the stream cache and evaluation windows: attnlab.data.stream. Training draws
+`batch_size` windows of `block_size` + 1 tokens at random offsets of the training stream (an
+epoch is `train_windows` of them, by default as many as the stream has tokens / block_size),
+seeded by `seed` and the epoch and restored exactly on resume (attnlab.data.loader); DDP
+ranks draw from the same offsets, every num_replicas-th. Validation during training scores
+the validation stream in non-overlapping windows of `block_size` (all of it); an evaluation
+(the test, or eval.py's split=val) scores the split at every length of `eval_lengths` both in
+non-overlapping windows and in sliding windows of stride `eval_stride`. A length beyond what
+the model's positional encoding was built for is not applicable, and said so (`limit_lengths`).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.utils.data import DataLoader, Dataset
+
+from attnlab.config import ConfigError, is_number, require_counts
+from attnlab.data.batching import TokenBatchSampler
+from attnlab.data.digest import file_digest
+from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub
+from attnlab.data.loader import ResumableLoader, ResumableSampler
+from attnlab.data.stream import (
+    CharTokenizer,
+    PieceTokenizer,
+    Stream,
+    StreamTokenizer,
+    open_stream,
+    restore_tokenizer,
+    windows,
+)
+from attnlab.data.task import TaskData
+from attnlab.data.text import available_cores, read_text
+from attnlab.tokenizer import TokenizerSettings, build_once, cache_key, load_or_train
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("hub", "local")
+TOKENIZERS = ("char", "sentencepiece")
+SPLITS = ("train", "valid", "test")
+STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
+TOKENIZER_KEY = "lm_tokenizer"  # checkpoint entry: {"kind": ..., "model": bytes}
+SAMPLE_SEED = 0  # the SentencePiece training sample of lines: fixed across run seeds
+MODES = ("ppl", "ppl_sliding")  # non-overlapping and sliding windows
+
+
+class TextSource(Protocol):
+    def identity(self, split: str) -> dict[str, Any]: ...
+
+    def describe(self, split: str) -> str: ...
+
+    def text(self, split: str) -> str | None:
+        """The split's running text; None when the source has no such split."""
+
+
+class TextFiles:
+    """{dir}/{train,valid,test}.txt."""
+
+    def __init__(self, directory: str, digests: Path) -> None:
+        self.directory, self.digests = Path(directory).expanduser().resolve(), digests
+        if not (self.directory / "train.txt").is_file():
+            raise ConfigError(
+                f"task.data.dir={directory} has no train.txt: pass a directory of "
+                "{train,valid,test}.txt, or task.data.file=<one text file> to split one"
+            )
+
+    def _path(self, split: str) -> Path:
+        return self.directory / f"{split}.txt"
+
+    def identity(self, split: str) -> dict[str, Any]:
+        path = self._path(split)
+        digest = file_digest(path, self.digests) if path.is_file() else None
+        return {"source": "local", "split": split, "sha256": digest}
+
+    def describe(self, split: str) -> str:
+        return str(self._path(split))
+
+    def text(self, split: str) -> str | None:
+        path = self._path(split)
+        return read_text(path) if path.is_file() else None
+
+
+class SplitFile:
+    """One file, cut into contiguous parts by fractions of its characters."""
+
+    def __init__(self, file: str, fractions: list[float], digests: Path) -> None:
+        self.path, self.digests = Path(file).expanduser().resolve(), digests
+        if not self.path.is_file():
+            raise ConfigError(f"task.data.file={file} is not a file: give a UTF-8 text file")
+        ok = isinstance(fractions, list | tuple) and len(fractions) in (2, 3)
+        if (
+            not (ok and all(is_number(f) and f > 0 for f in fractions))
+            or abs(sum(fractions) - 1) > 1e-9
+        ):
+            raise ConfigError(
+                f"task.data.fractions={fractions!r} must be 2 or 3 positive numbers adding up "
+                "to 1: the train, valid (and test) shares of the file, e.g. [0.9, 0.1]"
+            )
+        self.fractions = list(fractions)
+
+    def identity(self, split: str) -> dict[str, Any]:
+        digest = file_digest(self.path, self.digests)
+        return {"source": "file", "split": split, "sha256": digest, "fractions": self.fractions}
+
+    def describe(self, split: str) -> str:
+        index = SPLITS.index(split)
+        if index >= len(self.fractions):
+            return f"a {split} part of {self.path} (task.data.fractions has {len(self.fractions)})"
+        start = sum(self.fractions[:index])
+        return f"{self.path} [{start:.0%}, {start + self.fractions[index]:.0%})"
+
+    def text(self, split: str) -> str | None:
+        index = SPLITS.index(split)
+        if index >= len(self.fractions):
+            return None
+        text = read_text(self.path)
+        bounds = np.cumsum([0.0, *self.fractions]) * len(text)
+        return text[int(bounds[index]) : int(bounds[index + 1]) if index < 2 else len(text)]
+
+
+class HubText:
+    """A Hugging Face dataset's text column, one row a line."""
+
+    def __init__(
+        self,
+        dataset: str | None,
+        subset: str | None,
+        revision: str | None,
+        column: str,
+        cache: Path,
+    ) -> None:
+        if not dataset:
+            raise ConfigError("task.data.source=hub needs task.data.dataset=<hub name>")
+        self.dataset, self.subset, self.revision, self.column = dataset, subset, revision, column
+        self.cache = cache
+
+    @cached_property
+    def splits(self) -> Any:
+        hint = (
+            "without network, pass task.data.source=local with task.data.dir=<directory of "
+            "{train,valid,test}.txt> or task.data.file=<one text file>"
+        )
+        return load_hub(self.dataset, self.subset, self.revision, self.cache, hint)
+
+    def identity(self, split: str) -> dict[str, Any]:
+        return {
+            "source": "hub", "dataset": self.dataset, "subset": self.subset,
+            "revision": self.revision, "column": self.column, "split": split,
+        }  # fmt: skip
+
+    def describe(self, split: str) -> str:
+        return f"hub dataset {self.dataset} ({self.subset}) split {split}"
+
+    def text(self, split: str) -> str | None:
+        names = [name for name in HUB_SPLIT_NAMES[split] if name in self.splits]
+        if not names:
+            return None
+        data = self.splits[names[0]]
+        if self.column not in data.column_names:
+            raise ConfigError(
+                f"{self.dataset!r} has no column {self.column!r} (it has "
+                f"{', '.join(data.column_names)}): set task.data.text_column"
+            )
+        return "".join(row.rstrip("\n") + "\n" for row in data[self.column])
+
+
+def make_source(
+    source: str,
+    directory: str | None,
+    file: str | None,
+    fractions: list[float],
+    hub: tuple[str | None, str | None, str | None, str],
+    cache: Path,
+) -> TextSource:
+    if source not in SOURCES:
+        raise ConfigError(f"task.data.source={source!r} is not one of: {', '.join(SOURCES)}")
+    if source == "hub":
+        if directory is not None or file is not None:
+            raise ConfigError(
+                "task.data.dir and task.data.file are read only with task.data.source=local: "
+                "add task.data.source=local to use them"
+            )
+        return HubText(*hub, cache / "hf")
+    if (directory is None) == (file is None):
+        raise ConfigError(
+            "task.data.source=local needs one of task.data.dir=<directory of "
+            "{train,valid,test}.txt> or task.data.file=<one text file to split>"
+        )
+    if directory is not None:
+        return TextFiles(directory, cache / "digests")
+    return SplitFile(file, fractions, cache / "digests")  # type: ignore[arg-type]
+
+
+class WindowSampler(ResumableSampler):
+    """`len(dataset)` random window offsets per epoch (seed + epoch), dealt to ranks."""
+
+    def __init__(self, dataset: TrainWindows, **kwargs: Any) -> None:
+        super().__init__(dataset, shuffle=True, **kwargs)
+        self.offsets = dataset.offsets
+
+    def order(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        drawn = torch.randint(0, self.offsets, (self.total_size,), generator=generator)
+        return drawn[self.rank : self.total_size : self.num_replicas].tolist()
+
+
+class TrainWindows(Dataset):
+    """Item `offset`: the block_size + 1 tokens from there (inputs and next-token targets)."""
+
+    def __init__(self, stream: Stream, block_size: int, count: int) -> None:
+        self.stream, self.block_size, self.count = stream, block_size, count
+        self.offsets = len(stream) - block_size  # windows start at 0 .. offsets - 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, offset: int) -> torch.Tensor:
+        ids = self.stream.ids[offset : offset + self.block_size + 1]
+        return torch.from_numpy(ids.astype(np.int64))
+
+
+class EvalWindows(Dataset):
+    """Every window of the evaluated lengths and modes; an item is a whole batch (windows of
+    one length, mode and size), as TokenBatchSampler deals them."""
+
+    def __init__(
+        self,
+        stream: Stream,
+        lengths: list[int],
+        modes: tuple[str, ...],
+        stride: int,
+        batch_tokens: int,
+    ) -> None:
+        rows, self.batches = [], []
+        for length in lengths:
+            for mode in modes:
+                step = length if mode == "ppl" else min(stride, length)
+                found = windows(len(stream) - 1, length, step)
+                sizes = np.asarray([end - start for start, end, _ in found])
+                for size in np.unique(sizes):
+                    same = [w for w, s in zip(found, sizes, strict=True) if s == size]
+                    per_batch = max(1, batch_tokens // int(size))
+                    for i in range(0, len(same), per_batch):
+                        chunk = same[i : i + per_batch]
+                        self.batches.append(np.arange(len(rows), len(rows) + len(chunk)))
+                        rows += [(*w, length, MODES.index(mode)) for w in chunk]
+        self.stream, self.rows = stream, np.asarray(rows, np.int64).reshape(-1, 5)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, positions: list[int]) -> dict[str, Any]:
+        rows = self.rows[positions]
+        ids = self.stream.ids
+        tokens = np.stack([ids[start : end + 1] for start, end, *_ in rows]).astype(np.int64)
+        return {
+            "tokens": torch.from_numpy(tokens),
+            "first": torch.from_numpy(rows[:, 2] - rows[:, 0]),  # first scored, in the window
+            "length": int(rows[0, 3]),
+            "mode": MODES[int(rows[0, 4])],
+        }
+
+
+class LMDataModule(TaskData):
+    """The options are task.data's (conf/task/lm.yaml)."""
+
+    def __init__(
+        self,
+        source: str = "hub",
+        dir: str | None = None,
+        file: str | None = None,
+        fractions: list[float] = (0.9, 0.1),  # type: ignore[assignment]
+        dataset: str | None = None,
+        subset: str | None = None,
+        revision: str | None = None,
+        text_column: str = "text",
+        tokenizer: str = "sentencepiece",
+        vocab_size: int = 8000,
+        model_type: str = "bpe",
+        character_coverage: float = 1.0,
+        tokenizer_lines: int = 1_000_000,
+        block_size: int = 256,
+        batch_size: int = 16,
+        train_windows: int | None = None,
+        eval_lengths: list[int] | None = None,
+        eval_stride: int | None = None,
+        eval_batch_tokens: int = 16384,
+        seed: int = 0,
+        num_workers: int = 0,
+        num_threads: int | None = None,
+        cache_dir: str = "data",
+    ) -> None:
+        super().__init__()
+        if tokenizer not in TOKENIZERS:
+            raise ConfigError(
+                f"task.data.tokenizer={tokenizer!r} is not one of: {', '.join(TOKENIZERS)}"
+            )
+        require_counts("task.data", least=2, block_size=block_size)
+        require_counts("task.data", batch_size=batch_size, eval_batch_tokens=eval_batch_tokens)
+        require_counts("task.data", tokenizer_lines=tokenizer_lines)
+        require_counts("task.data", least=0, num_workers=num_workers)
+        if train_windows is not None:
+            require_counts("task.data", train_windows=train_windows)
+        self.lengths = list(eval_lengths or [block_size * k for k in (1, 2, 4, 8, 16)])
+        for length in self.lengths:
+            require_counts("task.data.eval_lengths", least=1, item=length)
+        self.stride = block_size if eval_stride is None else eval_stride
+        require_counts("task.data", eval_stride=self.stride)
+        self.cache = Path(cache_dir).expanduser().resolve()
+        self.source = make_source(
+            source, dir, file, list(fractions), (dataset, subset, revision, text_column), self.cache
+        )
+        self.kind, self.block_size, self.batch_size = tokenizer, block_size, batch_size
+        self.settings = TokenizerSettings(vocab_size, model_type, character_coverage)
+        self.tokenizer_lines, self.train_windows = tokenizer_lines, train_windows
+        self.batch_tokens, self.seed, self.num_workers = eval_batch_tokens, seed, num_workers
+        self.num_threads = num_threads or available_cores()
+        self.splits = SPLITS
+        self.not_applicable: list[int] = []  # eval lengths beyond the model's (limit_lengths)
+        self._tokenizer: StreamTokenizer | None = None
+        self._streams: dict[str, Stream] = {}
+
+    # tokenizer and streams
+
+    @property
+    def tokenizer(self) -> StreamTokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = self._train_tokenizer()
+        return self._tokenizer
+
+    def _train_tokenizer(self) -> StreamTokenizer:
+        identity = {"corpus": self.source.identity("train")}
+        if self.kind == "char":
+            entry = self.cache / "tokenizers" / cache_key({**identity, "tokenizer": "char"})
+            build_once(entry, lambda partial: self._write_characters(partial))
+            return CharTokenizer((entry / "characters.txt").read_text(encoding="utf-8"))
+        identity["lines"] = self.tokenizer_lines
+        model = load_or_train(
+            self.cache / "tokenizers", identity, self.settings, self._sample_lines, self.num_threads
+        )
+        return PieceTokenizer(model)
+
+    def _training_text(self) -> str:
+        text = self.source.text("train")
+        if not text:
+            raise ConfigError(
+                f"{self.source.describe('train')} is missing or empty: a vocabulary and a "
+                "model need training text"
+            )
+        return text
+
+    def _write_characters(self, partial: Path) -> None:
+        characters = CharTokenizer(self._training_text()).characters
+        (partial / "characters.txt").write_text(characters, encoding="utf-8")
+
+    def _sample_lines(self) -> list[str]:
+        lines = [line for line in self._training_text().split("\n") if line.strip()]
+        rng = np.random.default_rng(SAMPLE_SEED)
+        keep = np.sort(rng.choice(len(lines), min(len(lines), self.tokenizer_lines), False))
+        return [lines[i] for i in keep]
+
+    def stream(self, split: str) -> Stream:
+        if split not in self._streams:
+            stream = open_stream(
+                self.cache,
+                lambda: self.source.text(split),
+                self.tokenizer,
+                self.source.identity(split),
+                self.source.describe(split),
+            )
+            if stream.present and split != "train" and stream.meta["unknown"]:
+                log.warning(
+                    "%s: %d of %d %s are not in the training split's vocabulary and are "
+                    "scored as one unknown symbol", split, stream.meta["unknown"], len(stream),
+                    "characters" if self.kind == "char" else "tokens",
+                )  # fmt: skip
+            self._streams[split] = stream
+        return self._streams[split]
+
+    def _require(self, split: str, least: int) -> Stream:
+        stream = self.stream(split)
+        if not stream.present or len(stream) < least:
+            hint = {
+                "test": "pass test=false to skip testing (eval.py: split=val), or give "
+                "a test split (test.txt, or three task.data.fractions)",
+            }.get(split, "it is needed")
+            found = f"{len(stream)} tokens" if stream.present else "not found"
+            raise ConfigError(
+                f"the {split} split ({self.source.describe(split)}: {found}) needs at least "
+                f"{least} tokens: {hint}"
+            )
+        return stream
+
+    # the contract (attnlab.data.task)
+
+    def restore(self, checkpoint: dict[str, Any], stage: str) -> None:
+        """Serve only `stage`'s split, tokenized by the checkpoint's tokenizer."""
+        stored = checkpoint[TOKENIZER_KEY]
+        self._tokenizer = restore_tokenizer(stored["kind"], stored["model"])
+        self._streams, self.splits = {}, STAGE_SPLITS[stage]
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {"vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer}
+
+    @property
+    def max_seq_len(self) -> int:
+        """The training windows' length: evaluation lengths beyond what the model takes are
+        not applicable (limit_lengths) rather than an error."""
+        return self.block_size
+
+    def limit_lengths(self, bound: int | None) -> list[int]:
+        """Evaluate only the lengths up to `bound` (the model's positions); return the others."""
+        self.not_applicable = [n for n in self.lengths if bound is not None and n > bound]
+        return self.not_applicable
+
+    def has_split(self, split: str) -> bool:
+        return split in self.splits and self.stream(split).present
+
+    # Lightning hooks
+
+    def prepare_data(self) -> None:
+        for split in self.splits:
+            self.stream(split)
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+
+    def train_dataloader(self) -> DataLoader:
+        stream = self._require("train", self.block_size + 1)
+        count = self.train_windows or max(1, len(stream) // self.block_size)
+        dataset = TrainWindows(stream, self.block_size, count)
+        world, rank = self._world()
+        sampler = WindowSampler(dataset, num_replicas=world, rank=rank, seed=self.seed)
+        return ResumableLoader(
+            dataset, sampler=sampler, batch_size=self.batch_size, num_workers=self.num_workers
+        )
+
+    def evaluated(self) -> tuple[list[int], tuple[str, ...]]:
+        """The lengths and modes an evaluation scores: while fitting, non-overlapping windows
+        of block_size; else every applicable eval length, both ways."""
+        if self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING:
+            return [self.block_size], ("ppl",)
+        return [n for n in self.lengths if n not in self.not_applicable], MODES
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        stream = self._require(split, 2)
+        dataset = EvalWindows(stream, *self.evaluated(), self.stride, self.batch_tokens)
+        world, rank = self._world()
+        sampler = TokenBatchSampler(dataset.batches, False, self.seed, world, rank)
+        return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("valid")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")

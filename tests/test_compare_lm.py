@@ -1,0 +1,216 @@
+"""`attnlab compare` and `attnlab results` on language-model runs: perplexity by evaluation
+length, loss by position, and n/a where a length is past the model's positions.
+
+The runs are fakes laid out as attnlab.systems.lm leaves them: test metrics `test/<m>@L` in
+csv/metrics.csv (NaN at a length the model cannot take), lengths/test.json and
+lengths/test_loss_by_position.csv.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from matplotlib.image import imread
+from test_compare import fake_run, read_csv
+
+from attnlab.compare.lengths import applicable, position_bands, ppl_bands
+from attnlab.compare.report import compare
+from attnlab.compare.results import archive, regenerate
+from attnlab.compare.runs import find_runs
+from attnlab.compare.seeds import configurations, interval, interval_summary
+from attnlab.config import ConfigError
+
+LENGTHS = (32, 64, 128)
+NAN = math.nan
+
+
+def fake_lm_run(
+    directory: Path,
+    overrides: list[str],
+    ppl: dict[int, float],
+    bound: int | None = None,
+    record: bool = True,
+    position_loss: float = 0.0,
+) -> Path:
+    """A tested language-model run: perplexity `ppl[L]` at each length L in non-overlapping
+    windows (one less in sliding ones), NaN past `bound` (its pe.max_len, if any), which
+    lengths/test.json (written if `record`) marks not applicable. The loss at position p of
+    the windows of each applicable length is `position_loss` + p / 100."""
+    test: dict[str, float] = {"step": 11}
+    for length, value in ppl.items():
+        test.update({f"test/loss@{length}": math.log(value), f"test/ppl@{length}": value,
+                     f"test/ppl_sliding@{length}": value - 1})  # fmt: skip
+    fake_run(directory, overrides, [{"step": 10, "val/loss": 3.0}, test], mode="min")
+    config_file = directory / ".hydra" / "config.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    pe = {"name": "learned", "max_len": bound} if bound else {"name": "rope"}
+    task = {"name": "lm", "metric": "val/loss", "data": {"block_size": 32}}
+    config.update(pe=pe, task={**config["task"], **task})
+    config_file.write_text(yaml.safe_dump(config))
+    (directory / "lengths").mkdir()
+    fits = [length for length in ppl if bound is None or length <= bound]
+    lengths = {str(n): {"ppl": ppl[n]} if n in fits else {"applicable": False} for n in ppl}
+    if record:
+        text = json.dumps({"max_positions": bound, "lengths": lengths})
+        (directory / "lengths" / "test.json").write_text(text)
+    with (directory / "lengths" / "test_loss_by_position.csv").open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["length", "position", "loss", "tokens"])
+        writer.writerows((n, p, position_loss + p / 100, 10) for n in fits for p in range(1, n + 1))
+    return directory
+
+
+def study(directory: Path, record: bool = True) -> Path:
+    """Two seeds each of rope (every length) and learned with 64 positions."""
+    for job, (seed, scale) in enumerate(((0, 1.0), (1, 2.0))):
+        ppl = {32: 10.0 * scale, 64: 12.0 * scale, 128: 20.0 * scale}
+        fake_lm_run(directory / str(job), ["pe=rope", f"seed={seed}"], ppl, None, record, seed)
+        learned = ["pe=learned", f"seed={seed}", "pe.max_len=64"]
+        ppl = {32: 8.0 * scale, 64: 9.0 * scale, 128: NAN}
+        fake_lm_run(directory / str(job + 2), learned, ppl, 64, record, seed)
+    return directory
+
+
+def is_png_image(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and min(imread(path).shape[:2]) > 100
+
+
+def test_compare_draws_perplexity_by_length_and_loss_by_position_and_lists_them(tmp_path):
+    comparison = compare(study(tmp_path))
+    names = [path.name for path in comparison.plots]
+    assert "ppl_by_length.png" in names and "loss_by_position.png" in names
+    document = (tmp_path / "comparison.md").read_text()
+    for name in ("ppl_by_length.png", "loss_by_position.png"):
+        assert is_png_image(tmp_path / name)
+        assert f"]({name})" in document
+
+
+def test_a_length_past_the_models_positions_reads_n_a_and_every_other_a_number(tmp_path):
+    compare(study(tmp_path))
+    rows = {(row["pe"], row["seed"]): row for row in read_csv(tmp_path / "comparison.csv")}
+    lengths = [key for key in rows["rope", "0"] if key.startswith("test/ppl@")]
+    assert lengths == ["test/ppl@32", "test/ppl@64", "test/ppl@128"], "in length order"
+    for seed in ("0", "1"):
+        assert rows["learned", seed]["test/ppl@128"] == "n/a"
+        assert rows["learned", seed]["test/ppl_sliding@128"] == "n/a"
+        assert float(rows["learned", seed]["test/ppl@64"]) == 9.0 * (1 + int(seed))
+        assert [float(rows["rope", seed][key]) for key in lengths] == [
+            value * (1 + int(seed)) for value in (10.0, 12.0, 20.0)
+        ]
+    document = (tmp_path / "comparison.md").read_text()
+    assert "| learned | 0 | 64 | completed | val/loss | 3 | 3 | 2.079 | 2.197 | n/a |" in document
+    assert "n/a: an evaluation length longer than the run's model has positions for" in document
+
+
+def test_the_table_by_configuration_gives_the_mean_and_range_over_seeds_and_n_a(tmp_path):
+    compare(study(tmp_path))
+    document = (tmp_path / "comparison.md").read_text()
+    rope = next(line for line in document.splitlines() if line.startswith("| rope |"))
+    learned = next(line for line in document.splitlines() if line.startswith("| learned |"))
+    assert "| 15.000 (10.000–20.000) | 18.000 (12.000–24.000) | 30.000 (20.000–40.000) |" in rope
+    assert "| 12.000 (8.000–16.000) | 13.500 (9.000–18.000) | n/a |" in learned
+    assert "nan" not in learned
+
+
+def test_the_plots_mean_and_range_over_seeds_are_right(tmp_path):
+    configs = configurations(find_runs(study(tmp_path)), ["pe", "seed", "pe.max_len"])
+    bands = ppl_bands(configs, "test/ppl")
+    assert bands["pe=rope"] == ([32, 64, 128], [15.0, 18.0, 30.0], [10.0, 12.0, 20.0],
+                                [20.0, 24.0, 40.0])  # fmt: skip
+    learned = "pe=learned,pe.max_len=64 (n/a past 64)"
+    assert bands[learned] == ([32, 64], [12.0, 13.5], [8.0, 9.0], [16.0, 18.0])
+    sliding = ppl_bands(configs, "test/ppl_sliding")
+    assert sliding["pe=rope"][1] == [14.0, 17.0, 29.0]
+
+
+def test_loss_by_position_shows_each_configuration_at_its_longest_length(tmp_path):
+    configs = configurations(find_runs(study(tmp_path)), ["pe", "seed", "pe.max_len"])
+    bands = position_bands(configs)
+    assert list(bands) == ["pe=rope (L = 128)", "pe=learned,pe.max_len=64 (L = 64)"]
+    xs, mean, low, high = bands["pe=rope (L = 128)"]
+    assert xs == list(range(1, 129))  # seeds 0 and 1: the loss at p is seed + p / 100
+    assert mean[:2] == pytest.approx([0.51, 0.52]) and low[0] == 0.01 and high[0] == 1.01
+    assert bands["pe=learned,pe.max_len=64 (L = 64)"][0] == list(range(1, 65))
+
+
+def test_a_nan_at_a_length_the_model_can_take_is_nan_not_n_a(tmp_path):
+    """A run that diverged logs NaN too; only a length past the model's positions is n/a."""
+    ppl = {32: 10.0, 64: NAN, 128: NAN}
+    fake_lm_run(tmp_path / "0", ["pe=rope", "seed=0"], ppl)
+    fake_lm_run(tmp_path / "1", ["pe=rope", "seed=1"], {32: 12.0, 64: 13.0, 128: NAN})
+    compare(tmp_path)
+    rows = {row["seed"]: row for row in read_csv(tmp_path / "comparison.csv")}
+    assert [rows["0"][f"test/ppl@{n}"] for n in LENGTHS] == ["10.0", "nan", "nan"]
+    assert [rows["1"][f"test/ppl@{n}"] for n in LENGTHS] == ["12.0", "13.0", "nan"]
+    document = (tmp_path / "comparison.md").read_text()
+    assert "n/a" not in document
+    assert "| 11.000 (10.000–12.000) | 13.000; 1 nan | nan |" in document
+
+
+def test_without_lengths_json_the_configs_max_len_decides_what_is_n_a(tmp_path):
+    runs = find_runs(study(tmp_path, record=False))
+    learned = next(run for run in runs if run.value("pe") == "learned")
+    rope = next(run for run in runs if run.value("pe") == "rope")
+    assert [applicable(learned, f"test/ppl@{n}") for n in LENGTHS] == [True, True, False]
+    assert [applicable(rope, f"test/ppl@{n}") for n in LENGTHS] == [True, True, True]
+    compare(tmp_path)
+    rows = read_csv(tmp_path / "comparison.csv")
+    assert {row["pe"] for row in rows if row["test/ppl@128"] == "n/a"} == {"learned"}
+
+
+def test_a_synthesizers_max_len_bounds_the_positions_too(tmp_path):
+    run_dir = fake_lm_run(tmp_path, ["pe=rope"], {32: 5.0, 64: NAN}, record=False)
+    config_file = run_dir / ".hydra" / "config.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    components = [{"name": "dense", "max_len": 48}, {"name": "dot"}]
+    config["synthesizer"] = {"name": "mixture", "components": components}
+    config_file.write_text(yaml.safe_dump(config))
+    (run,) = find_runs(tmp_path)
+    assert [applicable(run, f"test/ppl@{n}") for n in (32, 48, 64)] == [True, True, False]
+    assert applicable(run, "test/acc"), "a metric at no length always applies"
+
+
+@pytest.mark.parametrize(
+    ("values", "half", "text"),
+    [
+        ([5.0], None, "5.000"),
+        ([10.0, 14.0], 25.412, "12.000 ± 25.412"),  # t(0.975, 1) = 12.706, s / √2 = 2
+        ([10.0, 12.0, 14.0], 4.968, "12.000 ± 4.968"),  # t(0.975, 2) = 4.303, s / √3 = 1.155
+    ],
+)
+def test_the_95_percent_interval_is_students_t(values, half, text):
+    assert interval(values) == (None if half is None else pytest.approx(half, abs=1e-3))
+    assert interval_summary(values) == text
+
+
+def results_md(root: Path, kind: str = "lengths") -> Path:
+    path = root / "RESULTS.md"
+    path.write_text(f"# Results\n\n<!-- results:lm {kind} -->\n<!-- /results:lm -->\n")
+    return path
+
+
+def test_a_lengths_block_gives_each_configurations_interval_and_n_a_and_draws_the_plot(tmp_path):
+    sweep = study(tmp_path / "sweep")
+    assert archive(sweep, tmp_path / "docs" / "results" / "runs" / "lm") == 4
+    assert (tmp_path / "docs/results/runs/lm/2/lengths/test.json").is_file(), "archived"
+    text = regenerate(results_md(tmp_path), draw=True)
+    assert "| pe | pe.max_len | seeds | windows | L=32 | L=64 | L=128 |" in text
+    # rope: 10 and 20 at L=32: mean 15, s = 7.071, t(0.975, 1) · s / √2 = 63.531
+    assert "| rope |  | 2 | non-overlapping | 15.000 ± 63.531 | 18.000 ± 76.237 |" in text
+    assert "| rope |  | 2 | sliding | 14.000 ± 63.531 |" in text
+    assert (
+        "| learned | 64 | 2 | non-overlapping | 12.000 ± 50.825 | 13.500 ± 57.178 | n/a |" in text
+    )
+    assert is_png_image(tmp_path / "docs" / "results" / "lm.png")
+    assert "![lm: perplexity by evaluation length](docs/results/lm.png)" in text
+
+
+def test_a_lengths_block_over_runs_of_another_task_is_one_sentence(tmp_path):
+    fake_run(tmp_path / "docs" / "results" / "runs" / "lm" / "0", ["seed=0"], [])
+    with pytest.raises(ConfigError, match="kind lengths, which reads lm runs, but its records"):
+        regenerate(results_md(tmp_path))

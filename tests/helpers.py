@@ -10,11 +10,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from attnlab.attention.core import AttentionParts
-from attnlab.options import CONFIG_DIR, shrink, variant
+from attnlab.options import CONFIG_DIR, options, shrink, variant
 from attnlab.shape import StackShape
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+# every pe runs in a causal stack; a few lines of Shakespeare for language-model tests
+CAUSAL_PES = options("pe")
+TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 
 SHAPE = StackShape(d_model=16, n_heads=2, head_dim=8, value_dim=8, n_layers=2, causal=False)
 

@@ -13,29 +13,15 @@ import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from helpers import SHARED_DATA
+from helpers import CAUSAL_PES, SHARED_DATA, TEXT
 
 from attnlab.config import ARCHITECTURE, ConfigError, build
-from attnlab.data.stream import UNK_ID, CharTokenizer, windows
+from attnlab.data.stream import EOS_ID, UNK_ID, CharTokenizer, windows
 from attnlab.model.config import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.run import build_system
 from attnlab.tasks.lm import LMDataModule, TrainWindows, WindowSampler
 from attnlab.train import train
-
-CAUSAL_PES = [
-    "none",
-    "sinusoidal",
-    "learned",
-    "rope",
-    "t5",
-    "alibi",
-    "xl",
-    "shaw",
-    "deberta",
-    "urpe",
-]
-TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 
 
 def write_splits(directory, train=TEXT, valid=TEXT, test=TEXT):
@@ -260,3 +246,15 @@ def test_one_file_splits_as_nanogpt_does(tmp_path):
     assert len(data.stream("train")) == int(n * 0.9) and data.tokenizer.vocab_size == 4 + 65
     assert data.tokenizer.decode(data.stream("valid").ids[:50]) == text[int(n * 0.9) :][:50]
     assert not data.has_split("test")
+
+
+def test_sentencepiece_streams_make_each_line_break_eos_and_decode_back(tmp_path):
+    directory = write_splits(tmp_path / "text", train=TEXT * 30)
+    data = LMDataModule(source="local", dir=str(directory), tokenizer="sentencepiece",
+                        vocab_size=40, block_size=8, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    tokenizer = data.tokenizer
+    ids = tokenizer.encode(TEXT)
+    assert int((ids == EOS_ID).sum()) == TEXT.count("\n")
+    assert tokenizer.decode(ids) == TEXT
+    assert tokenizer.encode("All:")[-1] != EOS_ID, "a line the text leaves open stays open"
+    assert np.array_equal(np.asarray(data.stream("valid").ids, np.int64), ids)

@@ -1,5 +1,6 @@
-"""`attnlab compare DIR`, `attnlab dashboard --project P --group G`, `attnlab archive SWEEP DEST`
-and `attnlab results` (see README)."""
+"""`attnlab compare DIR`, `attnlab dashboard --project P --group G`, `attnlab archive SWEEP DEST`,
+`attnlab results` and `attnlab generate ckpt_path=... prompt=...` (see README and
+attnlab.generation)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from pathlib import Path
 
 from attnlab.config import ConfigError
 
+SAMPLE_RULE = "\n" + "-" * 40 + "\n"  # between the texts of samples=N > 1
+
 
 def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(prog="attnlab", description="Compare attnlab runs.")
+    main = argparse.ArgumentParser(
+        prog="attnlab", description="Compare attnlab runs; generate text with a language model."
+    )
     commands = main.add_subparsers(dest="command", required=True)
     compare = commands.add_parser(
         "compare",
@@ -45,7 +50,28 @@ def parser() -> argparse.ArgumentParser:
     results.add_argument(
         "--check", action="store_true", help="write nothing; fail if a table is out of date"
     )
+    generate = commands.add_parser(
+        "generate",
+        help="continue a prompt with a language model checkpoint (task=lm)",
+        description="Prints the prompt and its continuation by the model of the checkpoint ckpt_path. Settings "
+        "are key=value in Hydra's override grammar: ckpt_path (required), prompt (default: "
+        "the run's sample_prompt; \\n is a line break), max_new_tokens (default 200, or as "
+        "many as the positions allow), samples (1), cache (true), decode.strategy (greedy, "
+        "top_k, nucleus: the default), decode.top_k, decode.top_p, decode.temperature, "
+        "decode.seed (default: the run's).",
+    )
+    generate.add_argument(
+        "settings", nargs="*", metavar="KEY=VALUE", help="e.g. ckpt_path=<run>/checkpoints/"
+        "last.ckpt prompt=ROMEO: max_new_tokens=300 decode.strategy=nucleus decode.seed=1",
+    )  # fmt: skip
     return main
+
+
+def print_generated(settings: list[str]) -> None:
+    from attnlab.generation import generate
+
+    texts = generate(settings)
+    print(SAMPLE_RULE.join(texts))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
 
             count = archive(args.sweep, args.destination)
             print(f"archived the records of {count} runs in {args.destination}")
+        elif args.command == "generate":
+            print_generated(args.settings)
         else:
             update_results(args.file, args.check)
     except ConfigError as error:

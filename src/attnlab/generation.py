@@ -110,12 +110,8 @@ def continue_text(
 
 
 def encode_prompt(tokenizer: StreamTokenizer, prompt: str) -> Tensor:
-    """The ids of `prompt`, to be continued: a line the prompt leaves open stays open (the
-    SentencePiece stream tokenizer ends every line with EOS, a line break)."""
-    ids = torch.as_tensor(tokenizer.encode(prompt), dtype=torch.long)
-    if tokenizer.kind == "sentencepiece" and not prompt.endswith("\n") and len(ids):
-        return ids[:-1]  # the EOS encode() put after the open last line
-    return ids
+    """The ids of `prompt`, to be continued."""
+    return torch.as_tensor(tokenizer.encode(prompt), dtype=torch.long)
 
 
 def continuation(tokenizer: StreamTokenizer, prompt: Tensor, new: Tensor) -> str:
@@ -139,12 +135,13 @@ def continuations(
     check_strategy(config.strategy)
     tokenizer = system.tokenizer
     assert tokenizer is not None, "a language model system loaded from a checkpoint"
-    ids = encode_prompt(tokenizer, prompt)
+    ids = encode_prompt(tokenizer, prompt).to(system.device)
     if count is None:
         bound = system.net.stack.parts.max_len
         room = DEFAULT_NEW_TOKENS if bound is None else bound + 1 - len(ids)
         count = max(1, min(DEFAULT_NEW_TOKENS, room))
-    pick = picker(config, config.strategy, torch.Generator().manual_seed(config.seed))
+    generator = torch.Generator(system.device).manual_seed(config.seed)
+    pick = picker(config, config.strategy, generator)
     new = continue_text(system.net, ids.repeat(samples, 1), count, pick, cache)
     return [prompt + continuation(tokenizer, ids, row) for row in new]
 
@@ -229,6 +226,13 @@ def parse_request(args: list[str]) -> Request:
     return Request(**settings, decode=decode)
 
 
+def nested(node: Any, *keys: str) -> dict[str, Any]:
+    """node[keys[0]][keys[1]]..., or {} where the stored data holds no such dict."""
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}
+
+
 def load_language_model(path: str) -> LMSystem:
     """The language model system a checkpoint holds, in eval mode, on the CPU; read as
     tensors and plain data, rebuilt from its hyperparameters (no code named by the file
@@ -239,13 +243,13 @@ def load_language_model(path: str) -> LMSystem:
     from attnlab.tasks.lm import TOKENIZER_KEY
 
     checkpoint = read_checkpoint(path)
-    task = checkpoint[RECORD_KEY].get("config", {}).get("task", {})
+    task = nested(checkpoint, RECORD_KEY, "config", "task")
     if task.get("name") != "lm" or TOKENIZER_KEY not in checkpoint:
         raise ConfigError(
             f"{path} holds a model of task={task.get('name')}: generate needs a language "
             "model checkpoint (a run of task=lm)"
         )
-    system_class = own_class(task.get("system", {}).get("_target_"))
+    system_class = own_class(nested(task, "system").get("_target_"))
     hyperparameters = checkpoint.get("hyper_parameters")
     if not (issubclass(system_class, LMSystem) and isinstance(hyperparameters, dict)):
         raise ConfigError(f"{path} holds no language model system to rebuild")

@@ -90,7 +90,7 @@ class CharTokenizer:
 
 
 class PieceTokenizer:
-    """A SentencePiece model over running text: lines are encoded apart, each followed by
+    """A SentencePiece model over running text: lines are encoded apart, each line break is
     EOS, and EOS decodes as a line break."""
 
     kind, unk_id = "sentencepiece", UNK_ID
@@ -106,9 +106,8 @@ class PieceTokenizer:
         return self.model.vocab_size
 
     def encode(self, text: str) -> np.ndarray:
-        lines = text.split("\n")
-        pieces = self.model.encode_batch(lines[:-1] if text.endswith("\n") else lines)
-        return np.fromiter((i for line in pieces for i in (*line, EOS_ID)), np.int64)
+        *ended, last = self.model.encode_batch(text.split("\n"))  # `last`: after the last break
+        return np.asarray([i for line in ended for i in (*line, EOS_ID)] + last, np.int64)
 
     def decode(self, ids: Any) -> str:
         values = ids.tolist() if hasattr(ids, "tolist") else list(ids)

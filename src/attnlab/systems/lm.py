@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from attnlab.config import ConfigError, require_counts
 from attnlab.data.stream import StreamTokenizer, restore_tokenizer
 from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig
-from attnlab.generation import continue_text, picker
+from attnlab.generation import continuations
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM
 from attnlab.plots import lm_length_figures, save
@@ -201,36 +202,24 @@ class LMSystem(System):
 
     # samples
 
-    def sample(
-        self, prompt: str, count: int, max_new_tokens: int, strategy: str, seed: int
-    ) -> list[str]:
-        """`count` continuations of `prompt` (texts), drawn with `seed`."""
-        assert self.tokenizer is not None
-        ids = torch.as_tensor(self.tokenizer.encode(prompt), device=self.device)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        pick = picker(self.decode_config, strategy, generator)
-        was_training = self.net.training
-        self.net.eval()
-        try:
-            new = continue_text(self.net, ids.repeat(count, 1), max_new_tokens, pick)
-        finally:
-            self.net.train(was_training)
-        return [self.tokenizer.decode(row) for row in new]
-
     def _log_samples(self) -> None:
         bound = self.net.stack.parts.max_len
         room = len(self.tokenizer.encode(self.sample_prompt)) if self.tokenizer else 0
         tokens = self.sample_tokens if bound is None else min(self.sample_tokens, bound + 1 - room)
         if tokens < 1 or not self.trainer.is_global_zero:
             return
-        texts = self.sample(
-            self.sample_prompt, self.samples, tokens, "nucleus", self.decode_config.seed
-        )
+        config = replace(self.decode_config, strategy="nucleus")
+        was_training = self.net.training
+        self.net.eval()
+        try:
+            texts = continuations(self, self.sample_prompt, tokens, self.samples, config)
+        finally:
+            self.net.train(was_training)
         path = Path(self.trainer.default_root_dir) / "samples" / f"step{self.global_step:06d}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         rule = "\n" + "-" * 40 + "\n"
-        path.write_text(rule.join(self.sample_prompt + text for text in texts) + "\n")
-        log.info("sample at step %d:\n%s%s", self.global_step, self.sample_prompt, texts[0])
+        path.write_text(rule.join(texts) + "\n")
+        log.info("sample at step %d:\n%s", self.global_step, texts[0])
         for logger in self.loggers:
             if isinstance(logger, WandbLogger):
                 data = [[self.global_step, self.sample_prompt, text] for text in texts]

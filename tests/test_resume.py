@@ -12,17 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, TEXT
 
 from attnlab import status
 
 STEPS_PER_EPOCH = 64
-RUN = [
-    "model=tiny", "trainer.max_epochs=2", f"task.data.train_size={64 * STEPS_PER_EPOCH}",
-    "trainer.deterministic=true", "test=false", "trainer.log_every_n_steps=1",
-    "callbacks.latest.every_n_minutes=null", "callbacks.latest.every_n_steps=10",
-    "extras.print_config=false", "callbacks.progress_bar.refresh_rate=0",
+CHECKPOINTED = [  # deterministic, quiet, last.ckpt every 10 steps
+    "model=tiny", "trainer.max_epochs=2", "trainer.deterministic=true", "test=false",
+    "trainer.log_every_n_steps=1", "callbacks.latest.every_n_minutes=null",
+    "callbacks.latest.every_n_steps=10", "extras.print_config=false",
+    "callbacks.progress_bar.refresh_rate=0",
 ]  # fmt: skip
+RUN = [*CHECKPOINTED, f"task.data.train_size={64 * STEPS_PER_EPOCH}"]
 
 
 def train_py(*args: str) -> list[str]:
@@ -37,10 +38,12 @@ def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return result
 
 
-def interrupt(run_dir: Path, sig: signal.Signals) -> subprocess.CompletedProcess:
+def interrupt(
+    run_dir: Path, sig: signal.Signals, args: list[str] = RUN
+) -> subprocess.CompletedProcess:
     """Start a run and send it `sig` once it has taken its first checkpoint (step 10)."""
     process = subprocess.Popen(
-        train_py(*RUN, f"hydra.run.dir={run_dir}"),
+        train_py(*args, f"hydra.run.dir={run_dir}"),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 240
@@ -73,6 +76,36 @@ def uninterrupted(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("whole")
     run(*RUN, f"hydra.run.dir={run_dir}")
     return run_dir
+
+
+def lm_run(directory: Path) -> list[str]:
+    """A character language model of 40 steps an epoch, on text the test writes."""
+    directory.mkdir(exist_ok=True)
+    for split, repeats in (("train", 40), ("valid", 2)):
+        (directory / f"{split}.txt").write_text(TEXT * repeats, encoding="utf-8")
+    return [
+        *CHECKPOINTED, "task=lm", "task.data.source=local", f"task.data.dir={directory}",
+        "task.data.tokenizer=char", "task.data.block_size=16", "task.data.batch_size=4",
+        "task.data.train_windows=160", "task.system.sample_tokens=20",
+        f"paths.data_dir={directory / 'cache'}",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_language_model_killed_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path):
+    """Training windows are drawn at random offsets: the resumed run draws the same ones."""
+    args = lm_run(tmp_path / "text")
+    whole = tmp_path / "whole"
+    run(*args, f"hydra.run.dir={whole}")
+    run_dir = tmp_path / "run"
+    assert interrupt(run_dir, signal.SIGTERM, args).returncode == 1
+    step = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 10 <= step < 40, "stopped mid-epoch"
+    run(f"run_dir={run_dir}")
+    resumed, expected = weights(run_dir), weights(whole)
+    for name, value in expected.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=1e-6, msg=name)
+    assert metric_rows(run_dir) == metric_rows(whole)
 
 
 @pytest.mark.slow

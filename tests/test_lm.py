@@ -4,8 +4,11 @@ and the hub offline."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import subprocess
+import sys
 import time
 
 import datasets
@@ -13,7 +16,7 @@ import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from helpers import CAUSAL_PES, SHARED_DATA, TEXT
+from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT
 
 from attnlab.config import ARCHITECTURE, ConfigError, build
 from attnlab.data.stream import EOS_ID, UNK_ID, CharTokenizer, windows
@@ -258,3 +261,43 @@ def test_sentencepiece_streams_make_each_line_break_eos_and_decode_back(tmp_path
     assert tokenizer.decode(ids) == TEXT
     assert tokenizer.encode("All:")[-1] != EOS_ID, "a line the text leaves open stays open"
     assert np.array_equal(np.asarray(data.stream("valid").ids, np.int64), ids)
+
+
+def csv_metrics(run_dir) -> dict[str, float]:
+    """The last value of every metric in a run's csv/metrics.csv."""
+    with (run_dir / "csv" / "metrics.csv").open() as file:
+        return {k: float(v) for row in csv.DictReader(file) for k, v in row.items() if v}
+
+
+@pytest.mark.slow
+def test_ddp_ranks_share_the_windows_and_score_the_split_as_one_process_does(tmp_path):
+    """Two CPU ranks each score their share of the test windows; the sums they reduce give
+    one process's perplexity at every length, both windowings."""
+    data = write_splits(tmp_path / "text", train=TEXT * 20, test=TEXT * 3)
+    common = [
+        "task=lm", "task.data.source=local", f"task.data.dir={data}", "task.data.tokenizer=char",
+        "task.data.block_size=8", "task.data.eval_lengths=[8,16,64]", "task.data.eval_stride=3",
+        "task.data.eval_batch_tokens=64", f"paths.data_dir={tmp_path / 'cache'}",
+        "callbacks.progress_bar.refresh_rate=0", "extras.print_config=false",
+    ]  # fmt: skip
+    trained = tmp_path / "ddp"
+    run = subprocess.run(
+        [sys.executable, "train.py", "trainer=ddp_cpu", *common, "model=tiny",
+         "trainer.max_steps=4", "trainer.max_epochs=-1", "trainer.check_val_every_n_epoch=null",
+         "trainer.val_check_interval=4", f"hydra.run.dir={trained}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    best = next((trained / "checkpoints").glob("epoch_*.ckpt"))
+    single = tmp_path / "single"
+    evaluated = subprocess.run(
+        [sys.executable, "eval.py", f"ckpt_path={best}", "trainer=cpu", *common,
+         f"hydra.run.dir={single}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    ddp, one = csv_metrics(trained), csv_metrics(single)
+    names = [f"test/{m}@{n}" for m in ("ppl", "ppl_sliding") for n in (8, 16, 64)]
+    for name in names:
+        assert ddp[name] == pytest.approx(one[name], rel=1e-5), name
+    assert ddp["test/examples"] == ddp["test/examples_total"] == one["test/examples_total"]

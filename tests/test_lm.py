@@ -301,3 +301,13 @@ def test_ddp_ranks_share_the_windows_and_score_the_split_as_one_process_does(tmp
     for name in names:
         assert ddp[name] == pytest.approx(one[name], rel=1e-5), name
     assert ddp["test/examples"] == ddp["test/examples_total"] == one["test/examples_total"]
+
+
+def test_bf16_autocast_trains_and_evaluates_every_length(make_config, tmp_path):
+    cfg = make_config(lm_overrides(
+        tmp_path, "trainer.precision=bf16-mixed", "trainer.max_steps=2",
+        "trainer.val_check_interval=2", "task.data.block_size=8", "task.data.eval_lengths=[8,16]",
+        "task.system.sample_tokens=10",
+    ))  # fmt: skip
+    metrics = train(cfg)
+    assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["test/ppl@16"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,22 @@ def test_the_attention_benchmark_at_other_sizes_leaves_benchmarks_md_alone(tmp_p
 def test_the_translation_benchmarks_run_in_smoke_mode(arguments, tmp_path):
     result = run_smoke("translation.py", *arguments, tmp_path=tmp_path)
     assert len(table_rows(result.stdout)) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (SHARED_DATA / "tinyshakespeare").is_dir(), reason="the shared Tiny Shakespeare is absent"
+)
+@pytest.mark.parametrize("what", ["anchor", "speed"])
+def test_the_lm_benchmarks_run_in_smoke_mode(what, tmp_path):
+    result = run_smoke("lm.py", what, "--smoke", tmp_path=tmp_path)
+    rows = table_rows(result.stdout)
+    if what == "anchor":  # the seed's row, the mean's and nanoGPT's
+        assert rows[1].startswith("| 0 | ") and rows[-1].startswith("| nanoGPT")
+    else:  # from the same weights on the same batches the two loops train alike
+        assert len(rows) == 4
+        difference = re.search(r"\(difference ([\d.e+-]+)\)", result.stdout).group(1)
+        assert float(difference) < 1e-4
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")

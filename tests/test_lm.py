@@ -19,11 +19,11 @@ import torch
 from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT
 
 from attnlab.config import ARCHITECTURE, ConfigError, build
-from attnlab.data.stream import EOS_ID, UNK_ID, CharTokenizer, windows
+from attnlab.data.stream import EOS_ID, UNK_ID, CharTokenizer, TrainWindows, WindowSampler, windows
 from attnlab.model.config import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.run import build_system
-from attnlab.tasks.lm import LMDataModule, TrainWindows, WindowSampler
+from attnlab.tasks.lm import LMDataModule
 from attnlab.train import train
 
 

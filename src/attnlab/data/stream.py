@@ -17,8 +17,12 @@ inputs start..end-1 and scores the predictions first..end-1; every prediction is
 exactly once. With stride S, window k ends at min(L + kS, T) and scores what the previous
 one did not: S = L gives non-overlapping windows (context restarts every L tokens; the last
 window may be shorter), S < L sliding windows of L inputs whose predictions all see at
-least L - S tokens before them (Press et al.
-2022, "Train Short, Test Long", section 4: sliding window evaluation).
+least L - S tokens before them (Press et al. 2022, "Train Short, Test Long", Appendix B:
+sliding window evaluation). `EvalWindows` batches the windows of each length and mode.
+
+Training (`TrainWindows`, `WindowSampler`): an epoch is a fixed number of windows of
+block_size + 1 tokens at random offsets, drawn from a generator seeded by the seed and the
+epoch, so a resumed run skips into the same draw; DDP ranks take every num_replicas-th.
 """
 
 from __future__ import annotations
@@ -31,14 +35,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import torch
+from torch.utils.data import Dataset
 
 from attnlab.data.cache import ids_dtype
+from attnlab.data.loader import ResumableSampler
 from attnlab.tokenizer import EOS_ID, UNK_ID, Tokenizer, build_once, cache_key
 
 log = logging.getLogger(__name__)
 
 SPECIALS = 4  # pad, unk, bos, eos: the ids every tokenizer of the project reserves
 Window = tuple[int, int, int]  # start, end, first scored prediction
+MODES = ("ppl", "ppl_sliding")  # non-overlapping and sliding windows
 
 
 class StreamTokenizer(Protocol):
@@ -205,3 +213,73 @@ def windows(n_targets: int, length: int, stride: int) -> list[Window]:
         found.append((first if stride >= length else max(0, end - length), end, first))
         first, end = end, min(end + stride, n_targets)
     return found
+
+
+class WindowSampler(ResumableSampler):
+    """`len(dataset)` random window offsets per epoch (seed + epoch), dealt to ranks."""
+
+    def __init__(self, dataset: TrainWindows, **kwargs: Any) -> None:
+        super().__init__(dataset, shuffle=True, **kwargs)
+        self.offsets = dataset.offsets
+
+    def order(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        drawn = torch.randint(0, self.offsets, (self.total_size,), generator=generator)
+        return drawn[self.rank : self.total_size : self.num_replicas].tolist()
+
+
+class TrainWindows(Dataset):
+    """Item `offset`: the block_size + 1 tokens from there (inputs and next-token targets)."""
+
+    def __init__(self, stream: Stream, block_size: int, count: int) -> None:
+        self.stream, self.block_size, self.count = stream, block_size, count
+        self.offsets = len(stream) - block_size  # windows start at 0 .. offsets - 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, offset: int) -> torch.Tensor:
+        ids = self.stream.ids[offset : offset + self.block_size + 1]
+        return torch.from_numpy(ids.astype(np.int64))
+
+
+class EvalWindows(Dataset):
+    """Every window of the evaluated lengths and modes; an item is a whole batch (windows of
+    one length, mode and size), as TokenBatchSampler deals them."""
+
+    def __init__(
+        self,
+        stream: Stream,
+        lengths: list[int],
+        modes: tuple[str, ...],
+        stride: int,
+        batch_tokens: int,
+    ) -> None:
+        rows, self.batches = [], []
+        for length in lengths:
+            for mode in modes:
+                step = length if mode == "ppl" else min(stride, length)
+                found = windows(len(stream) - 1, length, step)
+                sizes = np.asarray([end - start for start, end, _ in found])
+                for size in np.unique(sizes):
+                    same = [w for w, s in zip(found, sizes, strict=True) if s == size]
+                    per_batch = max(1, batch_tokens // int(size))
+                    for i in range(0, len(same), per_batch):
+                        chunk = same[i : i + per_batch]
+                        self.batches.append(np.arange(len(rows), len(rows) + len(chunk)))
+                        rows += [(*w, length, MODES.index(mode)) for w in chunk]
+        self.stream, self.rows = stream, np.asarray(rows, np.int64).reshape(-1, 5)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, positions: list[int]) -> dict[str, Any]:
+        rows = self.rows[positions]
+        ids = self.stream.ids
+        tokens = np.stack([ids[start : end + 1] for start, end, *_ in rows]).astype(np.int64)
+        return {
+            "tokens": torch.from_numpy(tokens),
+            "first": torch.from_numpy(rows[:, 2] - rows[:, 0]),  # first scored, in the window
+            "length": int(rows[0, 3]),
+            "mode": MODES[int(rows[0, 4])],
+        }

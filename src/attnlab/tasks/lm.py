@@ -27,23 +27,25 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from attnlab.config import ConfigError, is_number, require_counts
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.digest import file_digest
 from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub
-from attnlab.data.loader import ResumableLoader, ResumableSampler
+from attnlab.data.loader import ResumableLoader
 from attnlab.data.stream import (
+    MODES,
     CharTokenizer,
+    EvalWindows,
     PieceTokenizer,
     Stream,
     StreamTokenizer,
+    TrainWindows,
+    WindowSampler,
     open_stream,
     restore_tokenizer,
-    windows,
 )
 from attnlab.data.task import TaskData
 from attnlab.data.text import available_cores, read_text
@@ -57,7 +59,6 @@ SPLITS = ("train", "valid", "test")
 STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
 TOKENIZER_KEY = "lm_tokenizer"  # checkpoint entry: {"kind": ..., "model": bytes}
 SAMPLE_SEED = 0  # the SentencePiece training sample of lines: fixed across run seeds
-MODES = ("ppl", "ppl_sliding")  # non-overlapping and sliding windows
 
 
 class TextSource(Protocol):
@@ -205,76 +206,6 @@ def make_source(
     if directory is not None:
         return TextFiles(directory, cache / "digests")
     return SplitFile(file, fractions, cache / "digests")  # type: ignore[arg-type]
-
-
-class WindowSampler(ResumableSampler):
-    """`len(dataset)` random window offsets per epoch (seed + epoch), dealt to ranks."""
-
-    def __init__(self, dataset: TrainWindows, **kwargs: Any) -> None:
-        super().__init__(dataset, shuffle=True, **kwargs)
-        self.offsets = dataset.offsets
-
-    def order(self) -> list[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        drawn = torch.randint(0, self.offsets, (self.total_size,), generator=generator)
-        return drawn[self.rank : self.total_size : self.num_replicas].tolist()
-
-
-class TrainWindows(Dataset):
-    """Item `offset`: the block_size + 1 tokens from there (inputs and next-token targets)."""
-
-    def __init__(self, stream: Stream, block_size: int, count: int) -> None:
-        self.stream, self.block_size, self.count = stream, block_size, count
-        self.offsets = len(stream) - block_size  # windows start at 0 .. offsets - 1
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, offset: int) -> torch.Tensor:
-        ids = self.stream.ids[offset : offset + self.block_size + 1]
-        return torch.from_numpy(ids.astype(np.int64))
-
-
-class EvalWindows(Dataset):
-    """Every window of the evaluated lengths and modes; an item is a whole batch (windows of
-    one length, mode and size), as TokenBatchSampler deals them."""
-
-    def __init__(
-        self,
-        stream: Stream,
-        lengths: list[int],
-        modes: tuple[str, ...],
-        stride: int,
-        batch_tokens: int,
-    ) -> None:
-        rows, self.batches = [], []
-        for length in lengths:
-            for mode in modes:
-                step = length if mode == "ppl" else min(stride, length)
-                found = windows(len(stream) - 1, length, step)
-                sizes = np.asarray([end - start for start, end, _ in found])
-                for size in np.unique(sizes):
-                    same = [w for w, s in zip(found, sizes, strict=True) if s == size]
-                    per_batch = max(1, batch_tokens // int(size))
-                    for i in range(0, len(same), per_batch):
-                        chunk = same[i : i + per_batch]
-                        self.batches.append(np.arange(len(rows), len(rows) + len(chunk)))
-                        rows += [(*w, length, MODES.index(mode)) for w in chunk]
-        self.stream, self.rows = stream, np.asarray(rows, np.int64).reshape(-1, 5)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, positions: list[int]) -> dict[str, Any]:
-        rows = self.rows[positions]
-        ids = self.stream.ids
-        tokens = np.stack([ids[start : end + 1] for start, end, *_ in rows]).astype(np.int64)
-        return {
-            "tokens": torch.from_numpy(tokens),
-            "first": torch.from_numpy(rows[:, 2] - rows[:, 0]),  # first scored, in the window
-            "length": int(rows[0, 3]),
-            "mode": MODES[int(rows[0, 4])],
-        }
 
 
 class LMDataModule(TaskData):

@@ -19,7 +19,15 @@ import torch
 from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT
 
 from attnlab.config import ARCHITECTURE, ConfigError, build
-from attnlab.data.stream import EOS_ID, UNK_ID, CharTokenizer, TrainWindows, WindowSampler, windows
+from attnlab.data.stream import (
+    EOS_ID,
+    UNK_ID,
+    CharTokenizer,
+    TrainWindows,
+    WindowSampler,
+    restore_tokenizer,
+    windows,
+)
 from attnlab.model.config import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.run import build_system
@@ -311,3 +319,25 @@ def test_bf16_autocast_trains_and_evaluates_every_length(make_config, tmp_path):
     ))  # fmt: skip
     metrics = train(cfg)
     assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["test/ppl@16"])
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [None, {"kind": "bpe", "model": b"x"}, {"kind": "char", "model": b"\xff\xfe"},
+     {"kind": "sentencepiece", "model": b"not a model"}, {"kind": "char", "model": "ab"}],
+)  # fmt: skip
+def test_a_missing_or_damaged_stored_tokenizer_is_one_sentence(stored):
+    with pytest.raises(ConfigError, match="the checkpoint's tokenizer is missing or damaged"):
+        restore_tokenizer(stored)
+    restored = restore_tokenizer({"kind": "char", "model": CharTokenizer("ba").serialized()})
+    assert restored.characters == "ab"
+
+
+def test_validation_samples_need_a_prompt(make_config, tmp_path):
+    cfg = make_config(lm_overrides(tmp_path, "task.system.sample_prompt=''"))
+    with pytest.raises(ConfigError, match="sample_prompt='' gives validation samples nothing"):
+        build_system(cfg, build(cfg.task.data))
+    cfg = make_config(
+        lm_overrides(tmp_path, "task.system.sample_prompt=''", "task.system.samples=0")
+    )
+    assert build_system(cfg, build(cfg.task.data)).samples == 0

@@ -100,19 +100,14 @@ def lm_length_figures(
     ax.set_ylabel("loss (nats per token)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    by_length = Figure(figsize=(6.0, 4.0))
-    ax = by_length.subplots()
+    marks = {} if bound is None else {bound: f"positions end ({bound}): n/a past it"}
+    bands = {}
     for mode, values in ppl.items():
         lengths = sorted(values)
-        ax.plot(lengths, [values[n] for n in lengths], marker="o", label=mode)
-    if bound is not None:
-        ax.axvline(
-            bound, color="grey", linestyle=":", label=f"positions end ({bound}): n/a past it"
-        )
-    log2_axis(ax, "evaluation length (tokens)")
-    ax.set_ylabel("perplexity")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        line = [values[n] for n in lengths]
+        bands[mode] = (lengths, line, line, line)  # one run: no range to shade
+    title = "perplexity by evaluation length"
+    by_length = bands_figure({title: bands}, "evaluation length (tokens)", "perplexity", marks)
     return by_position, by_length
 
 

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from attnlab.config import ConfigError
 from attnlab.data.cache import ids_dtype
 from attnlab.data.loader import ResumableSampler
 from attnlab.tokenizer import EOS_ID, UNK_ID, Tokenizer, build_once, cache_key
@@ -130,11 +131,23 @@ class PieceTokenizer:
         return "\n".join(texts)
 
 
-def restore_tokenizer(kind: str, model: bytes) -> StreamTokenizer:
-    """The tokenizer a checkpoint stored (its `kind` and bytes)."""
-    if kind == "char":
-        return CharTokenizer.from_serialized(model)
-    return PieceTokenizer(Tokenizer(model))
+def restore_tokenizer(stored: Any) -> StreamTokenizer:
+    """The tokenizer a checkpoint stored ({"kind": ..., "model": bytes}); a ConfigError when
+    it is missing or damaged, never another tokenizer in its place."""
+    kind, model = (
+        (stored.get("kind"), stored.get("model")) if isinstance(stored, dict) else (None, None)
+    )
+    try:
+        if kind == "char" and isinstance(model, bytes):
+            return CharTokenizer.from_serialized(model)
+        if kind == "sentencepiece" and isinstance(model, bytes):
+            return PieceTokenizer(Tokenizer(model))
+    except (UnicodeDecodeError, RuntimeError):  # bytes that are no text, no SentencePiece model
+        pass
+    raise ConfigError(
+        "the checkpoint's tokenizer is missing or damaged: evaluate or resume a checkpoint "
+        "that train.py wrote for task=lm"
+    )
 
 
 class Stream:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from attnlab.config import ConfigError, require_counts
@@ -59,6 +60,11 @@ class LMSystem(System):
         super().__init__(architecture, optim)
         require_counts("task.system", least=0, samples=samples)
         require_counts("task.system", sample_tokens=sample_tokens)
+        if samples and not (isinstance(sample_prompt, str) and sample_prompt):
+            raise ConfigError(
+                f"task.system.sample_prompt={sample_prompt!r} gives validation samples nothing "
+                "to continue: give some text (e.g. a line break), or task.system.samples=0"
+            )
         self.tokenizer = tokenizer  # from the data; from the checkpoint when loaded
         self.net = DecoderLM(self.architecture.model, self.architecture.attention, vocab_size)
         self.decode_config = DecodeConfig(**(decode or {}))
@@ -138,7 +144,7 @@ class LMSystem(System):
     def _finish(self, stage: str) -> None:
         sums, per = self._reduced()
         char = self.tokenizer is not None and self.tokenizer.kind == "char"
-        fitting = self.trainer.state.fn == "fit"
+        fitting = self.trainer.state.fn == TrainerFn.FITTING
         results: dict[str, dict[str, float | None]] = {}
         for (mode, length), (nll, count) in sums.items():
             loss = float(nll / count)
@@ -236,5 +242,4 @@ class LMSystem(System):
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        stored = checkpoint[TOKENIZER_KEY]
-        self.tokenizer = restore_tokenizer(stored["kind"], stored["model"])
+        self.tokenizer = restore_tokenizer(checkpoint.get(TOKENIZER_KEY))

@@ -342,8 +342,7 @@ class LMDataModule(TaskData):
 
     def restore(self, checkpoint: dict[str, Any], stage: str) -> None:
         """Serve only `stage`'s split, tokenized by the checkpoint's tokenizer."""
-        stored = checkpoint[TOKENIZER_KEY]
-        self._tokenizer = restore_tokenizer(stored["kind"], stored["model"])
+        self._tokenizer = restore_tokenizer(checkpoint.get(TOKENIZER_KEY))
         self._streams, self.splits = {}, STAGE_SPLITS[stage]
 
     def model_kwargs(self) -> dict[str, Any]:

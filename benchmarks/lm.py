@@ -123,7 +123,7 @@ def anchor(args: argparse.Namespace, overrides: list[str]) -> str:
 
 Command: `python benchmarks/lm.py anchor --seeds {seed_list}` on {machine()}: for each seed
 `train.py {EXPERIMENT} seed=S` (nanoGPT's "I only have a macbook" run: 4 layers, 4 heads,
-width 128, context 64, batch 12, 2,000 steps, lr 1e-3, cosine to 1e-4, no dropout, learned
+width 128, context 64, batch 12, 2,000 steps, lr 1e-3, cosine to 1e-4, no dropout, no biases, learned
 positions, characters of the first 90% of Tiny Shakespeare). val/loss: nats per character
 over all of the last 10% after the last step; wall time: the whole process (start-up,
 tokenization and 8 validations included); tokens/s: training steps only (train/tokens_per_s).

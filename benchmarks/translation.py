@@ -101,7 +101,9 @@ class TorchTransformer(nn.Module):
 
     def embed_with_positions(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
-        return self.drop(x + sinusoids(torch.arange(tokens.shape[1]), x.shape[-1], x.dtype))
+        return self.drop(
+            x + sinusoids(torch.arange(tokens.shape[1], device=tokens.device), x.shape[-1], x.dtype)
+        )
 
     def forward(
         self, src: torch.Tensor, src_padding: torch.Tensor, tgt: torch.Tensor

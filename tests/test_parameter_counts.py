@@ -82,6 +82,19 @@ def test_a_plain_tagger_has_no_part_parameters():
     assert counts == {"total": 17_669, "pe": 0, "synthesizer": 0, "norm": 0}
 
 
+def test_without_biases_a_tagger_keeps_only_its_heads_bias():
+    """qkv_bias=false and bias=false (nanoGPT's bias=False): every projection, FFN layer and
+    LayerNorm of the stack is bias-free; the classifier head keeps its own."""
+    model = tagger(attention(), qkv_bias=False, bias=False)
+    qkv, ffn, norm = linear(D, 3 * D, False), linear(D, FF, False) + linear(FF, D, False), D
+    block = qkv + linear(D, D, False) + ffn + 2 * norm
+    assert parameter_counts(model)["total"] == VOCAB * D + LAYERS * block + norm + linear(
+        D, CLASSES
+    )
+    biases = [name for name, _ in model.named_parameters() if name.endswith("bias")]
+    assert biases == ["head.bias"]
+
+
 @pytest.mark.parametrize(
     "spec,pe",
     [

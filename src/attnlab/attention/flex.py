@@ -26,8 +26,10 @@ from attnlab.pe.base import ScoreMod
 
 @functools.cache
 def compiled_flex_attention() -> Callable[..., Tensor]:
-    """flex_attention compiled once per process: uncompiled it runs an unfused reference."""
-    return torch.compile(flex_attention)
+    """flex_attention compiled once per process: uncompiled it runs an unfused reference.
+    Static shapes: once a recompile makes them dynamic, torch 2.11's inductor fails to lower
+    a score_mod that captures an int (shaw's clip distance), seen on an H100."""
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def block_mask(mask: Tensor, q_len: int, k_len: int) -> BlockMask:

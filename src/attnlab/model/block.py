@@ -63,7 +63,7 @@ class CrossAttentionSublayer(nn.Module):
             out_std=out_std(cfg, cfg.decoder_layers),
             compute=cfg.compute,
         )
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm = cfg.layer_norm()
         self.drop = nn.Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 

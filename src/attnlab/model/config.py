@@ -49,6 +49,7 @@ class ModelConfig:
     activation: str = "gelu"
     norm_first: bool = True  # pre-LN; False: post-LN as in Vaswani et al.
     qkv_bias: bool = True
+    bias: bool = True  # the feed-forward layers' and LayerNorms' biases (nanoGPT: bias=False)
     init_std: float = 0.02
     embed_scale: bool = True  # Vaswani: token embeddings ~ N(0, 1/d), multiplied by √d
     tie_embeddings: bool = True  # share input and output embeddings where vocabularies match
@@ -117,6 +118,9 @@ class ModelConfig:
         """RMS of the token embeddings as added, at init (TokenEmbedding): N(0, 1/d)·√d has
         RMS 1, unscaled N(0, init_std²) has RMS init_std."""
         return 1.0 if self.embed_scale else self.init_std
+
+    def layer_norm(self) -> nn.LayerNorm:
+        return nn.LayerNorm(self.d_model, eps=self.layer_norm_eps, bias=self.bias)
 
     def multi_head_shape(self, n_layers: int, causal: bool, cross: bool) -> StackShape:
         d_h = self.d_model // self.n_heads

@@ -106,7 +106,7 @@ class GAUBlock(nn.Module):
         super().__init__()
         self.norm_first = cfg.norm_first
         self.unit = GatedAttentionUnit(cfg, shape, layer, parts)
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm = cfg.layer_norm()
         self.drop = nn.Dropout(cfg.dropout)
         self.cross = CrossAttentionSublayer(cfg, layer) if cross else None
 

@@ -51,11 +51,11 @@ class TransformerBlock(nn.Module):
             compute=cfg.compute,
         )
         self.cross = CrossAttentionSublayer(cfg, layer) if cross else None
-        self.ff_in = linear(d, cfg.d_ff, True, cfg.init_std)
-        self.ff_out = linear(cfg.d_ff, d, True, out_std(cfg, shape.n_layers))
+        self.ff_in = linear(d, cfg.d_ff, cfg.bias, cfg.init_std)
+        self.ff_out = linear(cfg.d_ff, d, cfg.bias, out_std(cfg, shape.n_layers))
         self.activation = F.gelu if cfg.activation == "gelu" else F.relu
-        self.norm1 = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
+        self.norm1 = cfg.layer_norm()
+        self.norm2 = cfg.layer_norm()
         self.drop = nn.Dropout(cfg.dropout)
 
     def feed_forward(self, x: Tensor) -> Tensor:

@@ -100,9 +100,7 @@ class Stack(nn.Module):
             cfg.block.layer(cfg, shape, i, self.parts, cross) for i in range(n_layers)
         )
         self.drop = nn.Dropout(cfg.dropout)
-        self.final_norm = (
-            nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
-        )
+        self.final_norm = cfg.layer_norm() if cfg.norm_first else nn.Identity()
 
     def check_length(self, length: int, memory_length: int | None = None) -> None:
         check_length(self.parts, length, "the sequence")

@@ -21,7 +21,9 @@ param groups and LambdaLR schedule from attnlab.optim.configure_adamw, clip_grad
 Both start each repeat from the same initial weights. Timed: (a) from the start of its first
 training batch to on_train_end (Trainer construction and setup excluded), (b) its steps.
 Reported: training tokens/s of each, the ratio Lightning/plain (target ≥ 0.95), and the
-difference of their last losses and weights, as a check that both trained alike.
+difference of their last losses and weights, as a check that both trained alike. One torch
+thread by default (`--threads`): with two on this 2-core machine, any other process makes
+every step wait for a descheduled thread, and the ratio swung from 0.57 to 2.0.
 
 BENCHMARKS.md is written at the documented settings (the defaults) only. `--smoke` runs
 either at tiny sizes (width 32, one layer, a few steps, one seed, caches and runs in a
@@ -202,6 +204,7 @@ def fit_plain(system: LMSystem, batches: list[torch.Tensor]) -> tuple[float, flo
 
 def speed(args: argparse.Namespace, overrides: list[str], directory: Path) -> str:
     steps, repeats = (4, 1) if args.smoke else (args.steps, args.repeats)
+    torch.set_num_threads(args.threads)
     cfg = compose_config(overrides, directory)
     L.seed_everything(cfg.seed, verbose=False)
     data = run.build_datamodule(cfg)
@@ -262,6 +265,9 @@ def main() -> None:
     speed_parser = sub.add_parser("speed")
     speed_parser.add_argument("--steps", type=int, default=200)
     speed_parser.add_argument("--repeats", type=int, default=5)
+    speed_parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (2 on 2 busy cores stall every step)"
+    )
     speed_parser.add_argument("--smoke", action="store_true", help="tiny sizes, no writing")
     args = parser.parse_args()
     if not SHAKESPEARE.is_file():

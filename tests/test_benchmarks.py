@@ -90,6 +90,7 @@ def test_the_lm_benchmarks_run_in_smoke_mode(what, tmp_path):
         assert float(difference) < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_without_a_gpu_the_benchmarks_say_they_need_one():
     result = subprocess.run(

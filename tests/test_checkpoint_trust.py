@@ -82,8 +82,18 @@ def payloads(tmp_path: Path) -> dict[str, tuple[str, Path]]:
     }
 
 
-@pytest.mark.parametrize("program", PROGRAMS)
-@pytest.mark.parametrize("payload", ["decode", "env", "unique", "nested", "log_dir"])
+# Fifteen processes: the default run checks one payload through eval.py, `make test-all` all.
+@pytest.mark.parametrize(
+    "program",
+    [pytest.param(p, marks=[pytest.mark.slow] if i else []) for i, p in enumerate(PROGRAMS)],
+)
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(p, marks=[pytest.mark.slow] if i else [])
+        for i, p in enumerate(["decode", "env", "unique", "nested", "log_dir"])
+    ],
+)
 def test_a_stored_value_is_a_literal_or_left_out(program, payload, trained, tmp_path):
     stored, would_make = payloads(tmp_path)[payload]
     run_dir = tampered(trained, tmp_path, [stored])
@@ -129,6 +139,7 @@ def test_only_literal_values_in_their_place_pass(override):
     assert allowed_overrides([override], "a checkpoint") == ([override] if kept else [])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_hyperparameters_name_other_code_is_refused(trained, tmp_path):
     made = tmp_path / "made"
     made.mkdir()

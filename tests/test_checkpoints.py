@@ -33,6 +33,7 @@ print("saved", flush=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm to put TMPDIR on another filesystem")
 def test_a_save_killed_halfway_leaves_the_previous_checkpoint_whole(tmp_path):
     target = tmp_path / "checkpoints" / "last.ckpt"
@@ -121,6 +122,7 @@ class Payload:
         return (pathlib.Path.mkdir, (self.marker,))
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_would_run_code_is_refused_unrun(checkpoint, tmp_path):
     data = torch.load(checkpoint, weights_only=True)
     data["extra"] = Payload(tmp_path / "ran")
@@ -135,6 +137,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_unrun(checkpoint, tmp_path)
     )
 
 
+@pytest.mark.slow
 def test_stored_overrides_that_name_code_are_not_reused(checkpoint, tmp_path):
     data = torch.load(checkpoint, weights_only=True)
     marker = tmp_path / "made"
@@ -164,6 +167,7 @@ def test_a_truncated_or_empty_checkpoint_is_one_sentence(size, checkpoint, tmp_p
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "program,overrides,change",
     [

@@ -138,6 +138,7 @@ def test_a_run_left_at_a_default_shows_the_default(tmp_path):
     assert [(row["norm"], row["seed"]) for row in rows] == [("l2", "1"), ("softmax", "42")]
 
 
+@pytest.mark.slow
 def test_runs_that_never_trained_are_named_under_the_table_not_compared(tmp_path):
     """A debug=fast check and a run stopped by a config error trained nothing: they get no
     row, no curve and no rank; the note under the table says what each was."""

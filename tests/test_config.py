@@ -49,6 +49,7 @@ def test_a_mistyped_option_lists_the_valid_ones():
         assert option in result.stderr
 
 
+@pytest.mark.slow
 def test_an_impossible_model_stops_before_training_with_one_sentence(tmp_path):
     result = run_cli("model.d_model=100", "model.n_heads=3", f"hydra.run.dir={tmp_path}")
     assert result.returncode != 0
@@ -89,6 +90,7 @@ def test_the_probe_table_sweeps_existing_options(tmp_path):
     assert set(params.norm.split(",")) <= set(options("norm"))
 
 
+@pytest.mark.slow
 def test_importing_the_package_registers_no_resolver():
     program = (
         "import attnlab.config, attnlab.options, attnlab.run; from omegaconf import OmegaConf; "

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import wandb_workspaces.reports.v2 as wr
 from wandb_workspaces import expr
 
@@ -71,6 +72,7 @@ def test_swept_keys_are_the_config_keys_that_differ():
     assert swept_keys(configs) == ["pe.name"]
 
 
+@pytest.mark.slow
 def test_without_network_the_dashboard_stops_within_seconds_with_one_sentence(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path), WANDB_API_KEY="x" * 40, WANDB_BASE_URL="http://127.0.0.1:9")

@@ -25,6 +25,7 @@ SMALL_DATA = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_runs_one_fast_dev_run_job(experiment, make_config, tmp_path):
     task = make_config([f"experiment={experiment}"]).task.name

@@ -193,6 +193,7 @@ def test_lengths_past_a_bounded_pe_are_not_applicable_and_nothing_fails(make_con
     assert (tmp_path / "lengths" / "test_ppl_by_length.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_tiny_model_memorizes_a_short_text(make_config, tmp_path):
     """Past the first few characters of a window (which no context determines), the text is
     known; it is trained as a repeated stream, so that windows start at every character."""

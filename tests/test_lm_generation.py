@@ -161,6 +161,7 @@ def test_the_default_prompt_is_the_runs_and_the_default_length_fits_the_position
     assert 1 + 10 < len(text.rstrip("\n")) <= 1 + MAX_LEN  # the prompt, then at most 32 tokens
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not SHAKESPEARE.is_file(), reason=f"the shared Tiny Shakespeare is not at {SHAKESPEARE}"
 )

@@ -98,6 +98,7 @@ def test_a_directory_that_cannot_be_written_is_one_sentence(where, written):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_a_gpu_trainer_without_a_gpu_is_one_sentence(tmp_path):
     assert one_sentence(train_py("trainer=gpu", f"hydra.run.dir={tmp_path / 'run'}")) == (

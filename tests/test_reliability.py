@@ -41,7 +41,15 @@ CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("args,sentence", CASES, ids=[" ".join(a) for a, _ in CASES])
+# Each case is a process of its own (about 30 s of imports on a 2-core machine): the default
+# run checks the first through a real process, `make test-all` every one.
+@pytest.mark.parametrize(
+    "args,sentence",
+    [
+        pytest.param(args, sentence, id=" ".join(args), marks=[pytest.mark.slow] if i else [])
+        for i, (args, sentence) in enumerate(CASES)
+    ],
+)
 def test_train_py_stops_with_one_sentence(args, sentence, tmp_path):
     result = subprocess.run(
         [sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"],

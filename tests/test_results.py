@@ -70,6 +70,7 @@ def test_a_measurement_that_contradicts_the_prediction_is_flagged(tmp_path):
     assert after.count("**partly**") == before.count("**partly**") + 1
 
 
+@pytest.mark.slow
 def test_check_fails_with_one_sentence_when_a_table_is_out_of_date(tmp_path):
     results_md = fixture_copy(tmp_path)
     results_md.write_text(results_md.read_text().replace("| rope |", "| RoPE |", 1))

@@ -249,6 +249,7 @@ def test_a_resumed_pass_serves_the_rest_of_the_same_order(epoch):
         assert batches_of(resumed) == expected, "only one pass is shortened"
 
 
+@pytest.mark.slow
 def test_a_run_whose_directory_a_config_replaces_leaves_no_stray_directory(tmp_path):
     run(
         "debug=fast", "model=tiny", "extras.print_config=false", f"paths.log_dir={tmp_path}",

@@ -111,6 +111,7 @@ def finished_sweep(tmp_path_factory) -> Path:
     return sweep
 
 
+@pytest.mark.slow
 def test_a_new_run_in_a_directory_that_holds_a_run_changes_nothing(finished_sweep):
     run_dir = finished_sweep / "0"
     before = files(finished_sweep)

@@ -55,6 +55,7 @@ def test_an_optuna_search_runs_its_trials_and_records_the_best(tmp_path):
     assert 0.0 <= best["best_value"] <= 1.0
 
 
+@pytest.mark.slow
 def test_ddp_inside_a_local_sweep_fails_the_job_with_one_sentence(tmp_path):
     result, (sweep_dir,) = sweep("pe=rope", "trainer=ddp_cpu", log_dir=tmp_path)
     assert result.returncode == 1

@@ -92,6 +92,7 @@ def test_a_tiny_model_overfits_64_real_pairs_and_eval_py_decodes_other_files(mak
     assert bleu_line(by_path.stdout) == bleu_line(result.stdout), "same 16 pairs, same beam"
 
 
+@pytest.mark.slow
 @needs_multi30k
 def test_fast_dev_run_of_multi30k_on_the_shared_files(make_config, tmp_path):
     cfg = make_config(

@@ -130,6 +130,7 @@ def listening_port():
         yield server.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["no-login", "no-network"])
 def test_online_without_login_or_network_stops_within_seconds_with_one_sentence(
     case, listening_port, tmp_path

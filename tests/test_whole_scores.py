@@ -39,6 +39,7 @@ def val_rows(run_dir: Path) -> list[dict[str, str]]:
         return [row for row in csv.DictReader(file) if row.get("val/acc")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", ["++trainer.limit_val_batches=1", "debug=limit"])
 def test_eval_scores_the_whole_split_whatever_training_was_limited_to(limit, tmp_path):
     run_dir = tmp_path / "run"
@@ -67,6 +68,7 @@ def test_eval_scores_the_whole_split_whatever_training_was_limited_to(limit, tmp
     assert "val: scored 8 of 16 examples (trainer.limit_val_batches=2)" in log
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "budget,validated_at",
     [
@@ -86,6 +88,7 @@ def test_every_run_validates_its_final_weights(budget, validated_at, tmp_path):
 MULTI30K = SHARED_DATA / "multi30k"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not MULTI30K.is_dir(), reason=f"the shared Multi30k files are not at {MULTI30K}"
 )
@@ -125,6 +128,7 @@ def test_a_run_reads_the_data_it_was_trained_on_from_any_directory(tmp_path):
     assert moved.returncode == 0, moved.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_compare_says_where_a_test_scored_part_of_its_split(tmp_path):
     for name, limit in (("whole", []), ("part", ["++trainer.limit_test_batches=1"])):
         result = program("train.py", *PROBE, *limit, f"hydra.run.dir={tmp_path / 'runs' / name}")

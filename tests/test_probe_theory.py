@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import DictConfig
 
 from attnlab.config import ConfigError
 from attnlab.options import options
@@ -24,12 +25,15 @@ ROW_STOCHASTIC = ["softmax"]
 
 
 def position_spread(make_config, overrides: list[str], perturb_pe: bool = False) -> float:
+    return spread_of(make_config([*WIDE_INIT, *overrides]), perturb_pe)
+
+
+def spread_of(cfg: DictConfig, perturb_pe: bool = False) -> float:
     """Largest difference between the encoder outputs of the scored positions.
 
     perturb_pe moves the PE's parameters away from their init, as training would (URPE
     starts at C = 1, where it equals its base PE exactly)."""
     torch.manual_seed(0)
-    cfg = make_config([*WIDE_INIT, *overrides])
     datamodule = build_datamodule(cfg)
     system = build_system(cfg, datamodule).eval().double()
     if perturb_pe:
@@ -83,9 +87,9 @@ def test_the_studies_prediction_says_which_configurations_give_position_dependen
     pe, norm, markers, causal, make_config
 ):
     overrides = [f"pe={pe}", f"norm={norm}", f"task.markers={markers}", f"task.causal={causal}"]
-    cfg = make_config(overrides)
+    cfg = make_config([*WIDE_INIT, *overrides])  # the init leaves pe, norm and synthesizer alone
     prediction = predict(cfg.pe, cfg.norm, cfg.synthesizer, markers, causal)
-    spread = position_spread(make_config, overrides, perturb_pe=True)
+    spread = spread_of(cfg, perturb_pe=True)
     if prediction.distinguishes:
         assert spread > 1e-4, prediction.why
     else:

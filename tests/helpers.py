@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -56,3 +58,13 @@ def make_parts(
 
 def small_variant(group: str, option: str) -> dict:
     return shrink(variant(group, option))
+
+
+def first_then_slow(cases: list[Any], ids: list[str] | None = None) -> list[Any]:
+    """Parametrize cases that each start a process: the first runs in `make test`, the rest
+    are marked slow (`make test-all`)."""
+    return [
+        pytest.param(*(case if isinstance(case, tuple) else (case,)), id=ids[i] if ids else None,
+                     marks=[pytest.mark.slow] if i else [])
+        for i, case in enumerate(cases)
+    ]  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, first_then_slow
 
 from attnlab.resume import RECORD_KEY, allowed_overrides
 
@@ -82,17 +82,9 @@ def payloads(tmp_path: Path) -> dict[str, tuple[str, Path]]:
     }
 
 
-# Fifteen processes: the default run checks one payload through eval.py, `make test-all` all.
+@pytest.mark.parametrize("program", first_then_slow(PROGRAMS))
 @pytest.mark.parametrize(
-    "program",
-    [pytest.param(p, marks=[pytest.mark.slow] if i else []) for i, p in enumerate(PROGRAMS)],
-)
-@pytest.mark.parametrize(
-    "payload",
-    [
-        pytest.param(p, marks=[pytest.mark.slow] if i else [])
-        for i, p in enumerate(["decode", "env", "unique", "nested", "log_dir"])
-    ],
+    "payload", first_then_slow(["decode", "env", "unique", "nested", "log_dir"])
 )
 def test_a_stored_value_is_a_literal_or_left_out(program, payload, trained, tmp_path):
     stored, would_make = payloads(tmp_path)[payload]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, first_then_slow
 from test_decoding import model as decoding_model
 from test_translation_data import local, sentence_pairs, write_split
 
@@ -41,15 +41,7 @@ CASES = [
 ]  # fmt: skip
 
 
-# Each case is a process of its own (about 30 s of imports on a 2-core machine): the default
-# run checks the first through a real process, `make test-all` every one.
-@pytest.mark.parametrize(
-    "args,sentence",
-    [
-        pytest.param(args, sentence, id=" ".join(args), marks=[pytest.mark.slow] if i else [])
-        for i, (args, sentence) in enumerate(CASES)
-    ],
-)
+@pytest.mark.parametrize("args,sentence", first_then_slow(CASES, [" ".join(a) for a, _ in CASES]))
 def test_train_py_stops_with_one_sentence(args, sentence, tmp_path):
     result = subprocess.run(
         [sys.executable, "train.py", *args, f"hydra.run.dir={tmp_path / 'run'}"],

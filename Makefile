@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-gpu
+.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-gpu
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ bench-translation: install ## translation speed (vs torch.nn.Transformer) and 30
 bench-lm: install ## nanoGPT's Shakespeare run over 3 seeds (vs its 1.88), Lightning vs a plain loop -> BENCHMARKS.md
 	$(PY) benchmarks/lm.py anchor
 	$(PY) benchmarks/lm.py speed
+
+bench-causal: install ## attnlab's causal LM vs nn.TransformerEncoder, eager and compiled -> BENCHMARKS.md
+	$(PY) benchmarks/causal.py
 
 bench-gpu: install ## on a CUDA machine: FlexAttention check, speed vs nn.Transformer and x-transformers, variants, decoding -> BENCHMARKS.md
 	$(PY) benchmarks/gpu.py check

@@ -9,7 +9,7 @@ import torch
 from helpers import SHAPE, make_parts, small_variant
 
 from attnlab.attention.core import Compute, attend, flex_path
-from attnlab.model.transformer import attention_mask
+from attnlab.model.transformer import attention_mask, exactly_causal
 from attnlab.options import options, variant
 
 
@@ -86,6 +86,39 @@ def test_the_fast_path_is_taken_wherever_sdpa_is_exact_and_faster():
     assert fast_pes == set(options("pe")) - {"shaw", "urpe"}  # shaw's value term, urpe's C
     # no q·k, no SDPA: it is slower there than the plain path (see attnlab.attention.core)
     assert fast_synthesizers == {"dot", "random_vanilla", "dense_vanilla"}
+
+
+@pytest.mark.parametrize("pe,synthesizer", FAST_COMBINATIONS)
+def test_is_causal_equals_the_causal_mask_tensor(pe, synthesizer):
+    """The flag that lets SDPA use its causal kernel gives the masked path's outputs and
+    gradients in float64 (pes with a score term keep the tensor mask and ignore it)."""
+    torch.manual_seed(0)
+    parts = make_parts(pe, "softmax", synthesizer).double()
+    x, q, k, v, _ = inputs()
+    pos = torch.arange(x.shape[1])
+    mask = attention_mask(pos, pos, None, causal=True)
+    assert exactly_causal(pos, pos, None, causal=True)
+    wrt = [q, k, v, *parts.parameters()]
+    results = []
+    for compute, is_causal in ((Compute(), True), (Compute(fast=False), False)):
+        out = attend(parts, 1, x, q, k, v, pos, pos, mask, compute, is_causal)
+        results.append((out, torch.autograd.grad(out.square().sum(), wrt, allow_unused=True)))
+    (flag_out, flag_grads), (mask_out, mask_grads) = results
+    torch.testing.assert_close(flag_out, mask_out)
+    for flag_grad, mask_grad in zip(flag_grads, mask_grads, strict=True):
+        torch.testing.assert_close(flag_grad, mask_grad)
+
+
+def test_a_mask_is_exactly_causal_only_when_square_unpadded_and_causal():
+    """Where `exactly_causal` holds, the mask is the lower triangle; padding, a cached prefix,
+    one query or a bidirectional stack keep the tensor mask."""
+    pos = torch.arange(5)
+    assert torch.equal(attention_mask(pos, pos, None, True)[0, 0], torch.ones(5, 5).tril().bool())
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    assert not exactly_causal(pos, pos, padding, True)  # padded batches keep the tensor
+    assert not exactly_causal(pos[2:], pos, None, True)  # new queries after a cached prefix
+    assert not exactly_causal(pos[:1], pos[:1], None, True)
+    assert not exactly_causal(pos, pos, None, False)
 
 
 def test_fully_masked_rows_give_zeros_on_both_paths():

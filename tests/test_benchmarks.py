@@ -91,6 +91,15 @@ def test_the_lm_benchmarks_run_in_smoke_mode(what, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_causal_stack_benchmark_runs_in_smoke_mode(tmp_path):
+    result = run_smoke("causal.py", "--smoke", tmp_path=tmp_path)
+    _header, row = table_rows(result.stdout)
+    assert row.split(" | ")[1] == "eager"  # compiling is left to the documented run
+    attnlab, baseline = (float(cell) for cell in row.split(" | ")[3:5])
+    assert attnlab > 0 and baseline > 0  # both networks trained
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_without_a_gpu_the_benchmarks_say_they_need_one():
     result = subprocess.run(

@@ -22,6 +22,7 @@ class StackInputs:
     q_pos: Tensor  # positions of the new tokens
     k_pos: Tensor  # positions of all keys, cached ones included
     mask: Tensor | None
+    is_causal: bool = False  # mask is exactly causal (attnlab.model.transformer.exactly_causal)
     cross_parts: AttentionParts | None = None
     memory: Tensor | None = None
     memory_pos: Tensor | None = None

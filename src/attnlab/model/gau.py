@@ -89,7 +89,9 @@ class GatedAttentionUnit(nn.Module):
         u, q, k, v = self.project(x, inputs, cache)
         compute = self.compute.at(self.training)
         parts, q_pos, k_pos = inputs.parts, inputs.q_pos, inputs.k_pos
-        a = attend(parts, self.layer, x, q, k, v, q_pos, k_pos, inputs.mask, compute)
+        a = attend(
+            parts, self.layer, x, q, k, v, q_pos, k_pos, inputs.mask, compute, inputs.is_causal
+        )
         return self.out(u * a[:, 0])
 
     def weights(self, x: Tensor, inputs: StackInputs) -> Tensor:

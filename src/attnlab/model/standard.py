@@ -68,7 +68,13 @@ class TransformerBlock(nn.Module):
             self.drop,
             self.norm_first,
             lambda h: self.self_attn(
-                h, inputs.parts, inputs.q_pos, inputs.k_pos, inputs.mask, cache=cache.self_kv
+                h,
+                inputs.parts,
+                inputs.q_pos,
+                inputs.k_pos,
+                inputs.mask,
+                cache=cache.self_kv,
+                is_causal=inputs.is_causal,
             ),
         )
         if self.cross is not None:

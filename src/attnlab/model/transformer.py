@@ -58,6 +58,12 @@ def attention_mask(
     return mask
 
 
+def exactly_causal(q_pos: Tensor, k_pos: Tensor, padding: Tensor | None, causal: bool) -> bool:
+    """Whether `attention_mask` is exactly the causal mask of Lq = Lk positions (no padding,
+    no cached prefix): the mask SDPA's `is_causal=True` stands for."""
+    return causal and padding is None and q_pos.shape[0] == k_pos.shape[0] > 1
+
+
 def check_length(parts: AttentionParts, length: int, where: str) -> None:
     for group, part in (("pe", parts.pe), ("synthesizer", parts.synthesizer)):
         if part.max_len is not None and length > part.max_len:
@@ -122,7 +128,11 @@ class Stack(nn.Module):
         k_pos = torch.arange(offset + length, device=x.device)
         q_pos = k_pos[offset:]
         inputs = StackInputs(
-            self.parts, q_pos, k_pos, attention_mask(q_pos, k_pos, padding, self.causal)
+            self.parts,
+            q_pos,
+            k_pos,
+            attention_mask(q_pos, k_pos, padding, self.causal),
+            exactly_causal(q_pos, k_pos, padding, self.causal),
         )
         if memory is not None:
             inputs.cross_parts = self.cross_parts

@@ -28,6 +28,7 @@ def attention_maps(model: nn.Module, forward: Callable[[], object]) -> dict[str,
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
             bound = inspect.signature(module.forward).bind(*args, **kwargs).arguments
             bound.pop("cache", None)
+            bound.pop("is_causal", None)  # a hint for SDPA; the plain path reads the mask
             maps[name] = module.weights(**bound).detach()
 
         return hook

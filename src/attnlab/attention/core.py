@@ -12,10 +12,11 @@ When the normalizer is softmax and nothing acts after it, `F.scaled_dot_product_
 computes the same thing with logits, bias and mask folded into one additive float mask
 (the fast path), or, when the mask is exactly causal and nothing is added to the scores,
 with `is_causal=True` and no mask tensor, which lets SDPA skip the masked blocks (on CUDA
-FlashAttention takes only this form); otherwise the plain path above runs. Both are tested to agree. A synthesizer
-with no q·k (random, dense, factorized, their mixtures) could reach SDPA only through zero q
-and k with its logits as the mask; on CPU that is 1.2-1.7× slower than the plain path, with
-no memory saved (measured at L = 512 and 1024), so it takes the plain path.
+FlashAttention takes only this form); otherwise the plain path above runs. Both are tested
+to agree. A synthesizer with no q·k (random, dense, factorized, their mixtures) could
+reach SDPA only through zero q and k with its logits as the mask; on CPU that is 1.2-1.7×
+slower than the plain path, with no memory saved (measured at L = 512 and 1024), so it
+takes the plain path.
 
 On CUDA and when asked (`flex`, model.flex_attention=true), softmax with a PE score term
 that FlexAttention can read per (i, j) (t5, alibi, shaw's key term; `pe.flex`) takes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +70,46 @@ def first_then_slow(cases: list[Any], ids: list[str] | None = None) -> list[Any]
                      marks=[pytest.mark.slow] if i else [])
         for i, case in enumerate(cases)
     ]  # fmt: skip
+
+
+def pairwise_cover(groups: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """Combinations, one value per group, in which every pair of values of any two groups
+    appears at least once (a covering array of strength 2). Deterministic: each case fixes
+    the first pair not yet covered, the two largest groups first, and fills the other
+    groups with the values that cover the most new pairs."""
+    if len(groups) < 2:
+        return list(itertools.product(*groups))
+    order = sorted(range(len(groups)), key=lambda g: -len(groups[g]))
+
+    def pair(*values: tuple[int, Any]) -> tuple[tuple[int, Any], ...]:
+        return tuple(sorted(values, key=lambda value: order.index(value[0])))
+
+    uncovered = dict.fromkeys(
+        pair((a, x), (b, y))
+        for a, b in itertools.combinations(order, 2)
+        for x in groups[a]
+        for y in groups[b]
+    )
+    cover = []
+    while uncovered:
+        case = dict(next(iter(uncovered)))
+        for g in (g for g in order if g not in case):
+            covers = {
+                v: sum(pair((h, case[h]), (g, v)) in uncovered for h in case) for v in groups[g]
+            }
+            case[g] = max(groups[g], key=covers.__getitem__)
+        for values in itertools.combinations(case.items(), 2):
+            uncovered.pop(pair(*values), None)
+        cover.append(tuple(case[g] for g in range(len(groups))))
+    return cover
+
+
+def every_combination(*groups: Sequence[Any]) -> list[Any]:
+    """Parametrize every combination of the groups' values: a pairwise cover runs in
+    `make test` (each value of every group meets each value of every other group), the
+    rest are marked slow (`make test-all`)."""
+    cover = set(pairwise_cover(groups))
+    return [
+        pytest.param(*case, marks=[] if case in cover else [pytest.mark.slow])
+        for case in itertools.product(*groups)
+    ]

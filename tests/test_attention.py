@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from helpers import SHAPE, make_parts, small_variant
+from helpers import SHAPE, every_combination, make_parts, small_variant
 
 from attnlab.attention.core import Compute, attend, flex_path
 from attnlab.model.transformer import attention_mask, exactly_causal
@@ -142,10 +142,9 @@ def test_the_plain_path_is_the_textbook_formula():
     torch.testing.assert_close(out, expected)
 
 
-@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
-    "pe,norm,synthesizer",
-    list(itertools.product(options("pe"), options("norm"), options("synthesizer"))),
+    "pe,norm,synthesizer,causal",
+    every_combination(options("pe"), options("norm"), options("synthesizer"), [False, True]),
 )
 def test_attention_in_recomputed_query_blocks_equals_whole_sequence_attention(
     pe, norm, synthesizer, causal

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 
 import pytest
 import torch
-from helpers import SHAPE, make_parts, small_variant
+from helpers import SHAPE, every_combination, make_parts, small_variant
 
 from attnlab.attention.core import Compute, attend, attention_weights
 from attnlab.model.config import AttentionConfig, ModelConfig
@@ -17,11 +16,11 @@ from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger
 from attnlab.options import options
 
-COMBINATIONS = list(itertools.product(options("pe"), options("norm"), options("synthesizer")))
 
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("pe,norm,synthesizer", COMBINATIONS)
+@pytest.mark.parametrize(
+    "pe,norm,synthesizer,causal",
+    every_combination(options("pe"), options("norm"), options("synthesizer"), [False, True]),
+)
 def test_the_weights_times_v_are_the_attention_output(pe, norm, synthesizer, causal):
     torch.manual_seed(0)
     shape = replace(SHAPE, causal=causal)

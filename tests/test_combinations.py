@@ -2,7 +2,8 @@
 
 Each combination trains one step as an encoder, a causal decoder and an encoder-decoder;
 in the decoder, changing future tokens never changes earlier outputs, and cached
-step-by-step decoding equals the full forward pass.
+step-by-step decoding equals the full forward pass. `make test` runs a pairwise cover of
+the combinations (every two choices meet at least once), `make test-all` all of them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import small_variant
+from helpers import every_combination, pairwise_cover, small_variant
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlab.config import ConfigError
 from attnlab.model.config import AttentionConfig, ModelConfig
@@ -21,7 +24,7 @@ from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger
 from attnlab.options import options
 
-COMBINATIONS = list(itertools.product(options("pe"), options("norm"), options("synthesizer")))
+COMBINATIONS = every_combination(options("pe"), options("norm"), options("synthesizer"))
 VOCAB, LENGTH = 11, 9
 EMBEDDING_ONLY = ("none", "learned", "sinusoidal")  # no hook inside attention
 
@@ -55,8 +58,10 @@ def train_step(model: torch.nn.Module, loss: torch.Tensor) -> None:
     torch.optim.SGD(model.parameters(), lr=0.1).step()
 
 
-@pytest.mark.parametrize("block", ["standard", "gau"])
-@pytest.mark.parametrize("pe,norm,synthesizer", COMBINATIONS)
+@pytest.mark.parametrize(
+    "pe,norm,synthesizer,block",
+    every_combination(options("pe"), options("norm"), options("synthesizer"), list(BLOCKS)),
+)
 def test_one_training_step_in_every_form(pe, norm, synthesizer, block):
     torch.manual_seed(0)
     spec = attention(pe, norm, synthesizer)
@@ -99,8 +104,10 @@ def test_decoding_is_causal_and_the_cache_changes_nothing(pe, norm, synthesizer)
     check_causal_with_an_exact_cache(EncoderDecoder(tiny(init_std=0.2), spec, VOCAB, VOCAB))
 
 
-@pytest.mark.parametrize("layout", ["gau", "post-LN without qkv bias"])
-@pytest.mark.parametrize("pe,norm", list(itertools.product(options("pe"), options("norm"))))
+@pytest.mark.parametrize(
+    "pe,norm,layout",
+    every_combination(options("pe"), options("norm"), ["gau", "post-LN without qkv bias"]),
+)
 def test_gau_and_post_ln_decoders_are_causal_with_an_exact_cache(pe, norm, layout):
     torch.manual_seed(0)
     changes = (
@@ -113,9 +120,12 @@ def test_gau_and_post_ln_decoders_are_causal_with_an_exact_cache(pe, norm, layou
     check_causal_with_an_exact_cache(model)
 
 
-@pytest.mark.parametrize("norm", ["relu2", "softmax"])
-@pytest.mark.parametrize("pe", options("pe"))
-@pytest.mark.parametrize("synthesizer", [s for s in options("synthesizer") if s != "dot"])
+@pytest.mark.parametrize(
+    "synthesizer,pe,norm",
+    every_combination(
+        [s for s in options("synthesizer") if s != "dot"], options("pe"), ["relu2", "softmax"]
+    ),
+)
 def test_gau_decoders_with_synthesized_scores_are_causal_with_an_exact_cache(synthesizer, pe, norm):
     torch.manual_seed(0)
     cfg = tiny(init_std=0.2, block=BLOCKS["gau"], n_heads=1)
@@ -158,3 +168,15 @@ def test_a_pe_on_cross_attention_decodes_the_same_with_the_cache(pe):
     full.square().sum().backward()
     cross_pe = model.decoder.cross_parts.pe
     assert all(p.grad is not None for p in cross_pe.parameters())
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=5))
+def test_the_pairwise_cover_meets_every_two_values_of_any_two_groups(sizes):
+    groups = [[f"{g}.{v}" for v in range(size)] for g, size in enumerate(sizes)]
+    cover = pairwise_cover(groups)
+    assert cover == pairwise_cover(groups), "the cover is deterministic"
+    for a, b in itertools.combinations(range(len(groups)), 2):
+        met = {(case[a], case[b]) for case in cover}
+        assert met == set(itertools.product(groups[a], groups[b]))
+    assert {value for case in cover for value in case} == {v for group in groups for v in group}

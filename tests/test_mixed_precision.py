@@ -11,11 +11,10 @@ the bound asserted. Before normalizers computed in float32, sigmoid reached 3.5Â
 from __future__ import annotations
 
 import copy
-import itertools
 
 import pytest
 import torch
-from helpers import make_parts, small_variant
+from helpers import every_combination, make_parts, small_variant
 
 from attnlab.attention.core import Attention
 from attnlab.model.transformer import attention_mask
@@ -42,7 +41,7 @@ def rounded(module: torch.nn.Module) -> torch.nn.Module:
 
 @pytest.mark.parametrize(
     "pe,norm,synthesizer",
-    list(itertools.product(options("pe"), options("norm"), options("synthesizer"))),
+    every_combination(options("pe"), options("norm"), options("synthesizer")),
 )
 def test_bf16_autocast_is_within_a_few_input_roundings_of_float64(pe, norm, synthesizer):
     torch.manual_seed(0)

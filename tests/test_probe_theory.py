@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import every_combination
 from omegaconf import DictConfig
 
 from attnlab.config import ConfigError
@@ -79,10 +80,10 @@ def test_urpe_breaks_the_symmetry_once_its_toeplitz_matrix_moves_from_one(make_c
     assert position_spread(make_config, ["pe=urpe"], perturb_pe=True) > 1e-4
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("markers", [False, True])
-@pytest.mark.parametrize("norm", options("norm"))
-@pytest.mark.parametrize("pe", options("pe"))
+@pytest.mark.parametrize(
+    "pe,norm,markers,causal",
+    every_combination(options("pe"), options("norm"), [False, True], [False, True]),
+)
 def test_the_studies_prediction_says_which_configurations_give_position_dependent_outputs(
     pe, norm, markers, causal, make_config
 ):

@@ -8,11 +8,16 @@ import pytest
 import torch
 from helpers import compose_config
 from hydra.core.global_hydra import GlobalHydra
+from hypothesis import settings
 from omegaconf import DictConfig
 
 from attnlab.config import register_resolvers
 
 register_resolvers()  # what train.py and eval.py do before Hydra composes
+# no per-example time limit: a loaded machine made correct examples fail (speed is measured
+# in benchmarks, never in tests)
+settings.register_profile("attnlab", deadline=None)
+settings.load_profile("attnlab")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 

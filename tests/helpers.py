@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from attnlab.attention.core import AttentionParts
-from attnlab.options import CONFIG_DIR, options, shrink, variant
+from attnlab.config import ConfigError, own_class
+from attnlab.options import CONFIG_DIR, causal_only, options, shrink, variant
 from attnlab.shape import StackShape
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,18 +51,30 @@ def make_parts(
     pe: str | dict = "none",
     norm: str | dict = "softmax",
     synthesizer: str | dict = "dot",
-    shape: StackShape = SHAPE,
+    shape: StackShape | None = None,
 ) -> AttentionParts:
-    """Attention parts from option names (real YAML defaults) or ready config dicts."""
+    """Attention parts from option names (real YAML defaults) or ready config dicts, for
+    `shape` or else SHAPE (causal where the pe works in causal self-attention only)."""
     nodes = [
         variant(group, choice) if isinstance(choice, str) else choice
         for group, choice in (("pe", pe), ("norm", norm), ("synthesizer", synthesizer))
     ]
+    if shape is None:
+        shape = replace(SHAPE, causal=bool(own_class(nodes[0]["_target_"]).causal_only))
     return AttentionParts.from_config(*nodes, shape)
 
 
+# options that make a variant give the same output at every evaluation (randomized draws
+# new positions at each pass by default, as its paper does), for tests that compare passes
+REPEATABLE = {("pe", "randomized"): ("eval_positions=plain",)}
+
+
+def repeatable(group: str, option: str) -> dict:
+    return variant(group, option, *REPEATABLE.get((group, option), ()))
+
+
 def small_variant(group: str, option: str) -> dict:
-    return shrink(variant(group, option))
+    return shrink(repeatable(group, option))
 
 
 def first_then_slow(cases: list[Any], ids: list[str] | None = None) -> list[Any]:
@@ -104,12 +119,24 @@ def pairwise_cover(groups: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
     return cover
 
 
-def every_combination(*groups: Sequence[Any]) -> list[Any]:
-    """Parametrize every combination of the groups' values: a pairwise cover runs in
-    `make test` (each value of every group meets each value of every other group), the
-    rest are marked slow (`make test-all`)."""
-    cover = set(pairwise_cover(groups))
+def every_combination(*groups: Sequence[Any], strength: int = 2) -> list[Any]:
+    """Parametrize every combination of the groups' values: a cover runs in `make test`,
+    the rest are marked slow (`make test-all`). Strength 2: each value of every group meets
+    each value of every other group; strength 1: each value of every group appears."""
+    if strength == 1:
+        n = max(len(group) for group in groups)
+        cover = {tuple(group[i % len(group)] for group in groups) for i in range(n)}
+    else:
+        cover = set(pairwise_cover(groups))
     return [
         pytest.param(*case, marks=[] if case in cover else [pytest.mark.slow])
         for case in itertools.product(*groups)
     ]
+
+
+def refused_unless(causal: bool, pe: str) -> contextlib.AbstractContextManager:
+    """Where a pe defined for causal self-attention only meets a bidirectional stack, expect
+    its refusal (the block stops there); elsewhere, expect nothing."""
+    if causal or not causal_only(pe):
+        return contextlib.nullcontext()
+    return pytest.raises(ConfigError, match="works in causal self-attention only")

@@ -208,4 +208,4 @@ def test_flex_attention_is_chosen_for_softmax_with_t5_alibi_or_shaws_key_term_on
             small_variant("synthesizer", synthesizer),
         ).flex()
     }
-    assert chosen == {(pe, "softmax", "dot") for pe in ("t5", "alibi", "shaw key only")}
+    assert chosen == {(pe, "softmax", "dot") for pe in ("t5", "alibi", "shaw key only", "kerple")}

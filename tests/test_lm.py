@@ -16,7 +16,7 @@ import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT
+from helpers import CAUSAL_PES, REPEATABLE, ROOT, SHARED_DATA, TEXT
 
 from attnlab.config import ARCHITECTURE, ConfigError, build
 from attnlab.data.stream import (
@@ -53,7 +53,8 @@ def lm_overrides(tmp_path, *extra: str, train: str = TEXT, test: str = TEXT) -> 
 
 
 def tiny_network(make_config, pe: str, vocab: int = 13) -> DecoderLM:
-    cfg = make_config(["task=lm", f"pe={pe}", "model=tiny", "model.dropout=0.0"])
+    repeatable = [f"pe.{o}" for o in REPEATABLE.get(("pe", pe), ())]
+    cfg = make_config(["task=lm", f"pe={pe}", *repeatable, "model=tiny", "model.dropout=0.0"])
     architecture = Architecture.from_config({g: cfg[g] for g in ARCHITECTURE})
     return DecoderLM(architecture.model, architecture.attention, vocab).eval()
 

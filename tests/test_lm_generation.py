@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT
+from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT, repeatable
 
 from attnlab.cli import SAMPLE_RULE, main
 from attnlab.config import ARCHITECTURE, to_dict
@@ -44,7 +44,7 @@ def tiny_network(pe: str) -> DecoderLM:
     with weights large enough (init_std 0.2) and an output projection of its own, so that
     the next token depends on the context and the text varies."""
     model = {**variant("model", "tiny"), "dropout": 0.0, "init_std": 0.2, "tie_embeddings": False}
-    nodes = {"model": model, "block": variant("block", "standard"), "pe": variant("pe", pe),
+    nodes = {"model": model, "block": variant("block", "standard"), "pe": repeatable("pe", pe),
              "norm": variant("norm", "softmax"), "synthesizer": variant("synthesizer", "dot")}  # fmt: skip
     architecture = Architecture.from_config(nodes)
     return DecoderLM(architecture.model, architecture.attention, VOCAB).double().eval()

@@ -6,11 +6,13 @@ alone, so a wrong one would silently compute something else or lose a fused kern
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers import SHAPE, small_variant
 
-from attnlab.config import build
+from attnlab.config import build, own_class
 from attnlab.options import options, variant
 from attnlab.pe.base import PositionalEncoding
 
@@ -31,7 +33,9 @@ def build_pe(name: str) -> PositionalEncoding:
     """The variant with its parameters moved off their initial values (URPE's C starts at
     ones, which would hide its reweighting)."""
     torch.manual_seed(0)
-    pe = build(VARIANTS[name], shape=SHAPE).double()
+    node = VARIANTS[name]
+    causal = bool(own_class(node["_target_"]).causal_only)  # bidirectional where it can be
+    pe = build(node, shape=replace(SHAPE, causal=causal)).double()
     with torch.no_grad():
         for parameter in pe.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.1)

@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, compose_config
+from helpers import ROOT, compose_config, every_combination
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from attnlab import status
 from attnlab.config import Diverged
 from attnlab.optim import lr_factor
-from attnlab.options import options
+from attnlab.options import causal_only, options
 from attnlab.run import print_config
 from attnlab.train import train
 
@@ -25,10 +25,10 @@ TINY = ["model=tiny", "task.data.train_size=256", "task.data.max_len=8"]
 QUIET_OUTPUT = ["callbacks.progress_bar.refresh_rate=0", "extras.print_config=false"]
 
 
-@pytest.mark.parametrize("norm", options("norm"))
-@pytest.mark.parametrize("pe", options("pe"))
+@pytest.mark.parametrize("pe,norm", every_combination(options("pe"), options("norm"), strength=1))
 def test_fast_dev_run_of_the_probe(pe, norm, make_config):
-    metrics = train(make_config(["debug=fast", f"pe={pe}", f"norm={norm}", *TINY]))
+    causal = f"task.causal={bool(causal_only(pe))}"  # bidirectional where the pe can be
+    metrics = train(make_config(["debug=fast", f"pe={pe}", f"norm={norm}", causal, *TINY]))
     assert math.isfinite(metrics["train/loss"])
     assert 0.0 <= metrics["test/acc"] <= 1.0
 

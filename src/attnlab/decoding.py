@@ -84,15 +84,22 @@ def until_eos(ids: list[int], eos: int) -> list[int]:
 
 
 class Decoder:
-    """Step-by-step decoding state for one batch: memory, cache and the tokens so far."""
+    """Step-by-step decoding state for one batch of at most `steps` steps: memory, cache and
+    the tokens so far."""
 
     def __init__(
-        self, model: EncoderDecoder, src: Tensor, src_padding: Tensor, copies: int, cache: bool
+        self,
+        model: EncoderDecoder,
+        src: Tensor,
+        src_padding: Tensor,
+        copies: int,
+        cache: bool,
+        steps: int,
     ) -> None:
         self.model = model
         self.memory = model.encode(src, src_padding).repeat_interleave(copies, 0)
         self.padding = src_padding.repeat_interleave(copies, 0)
-        self.cache = model.new_cache() if cache else None
+        self.cache = model.new_cache(steps) if cache else None
 
     def log_probs(self, tokens: Tensor) -> Tensor:
         """log p(next token | tokens) [N, V] for prefixes tokens [N, t]."""
@@ -148,10 +155,11 @@ def greedy(
     sampler: Sampler | None = None,
 ) -> list[list[int]]:
     """The likeliest token at each step, or with `sampler` a token drawn by it."""
-    decoder = Decoder(model, src, src_padding, 1, cache)
+    steps = int(limits.max()) + 1
+    decoder = Decoder(model, src, src_padding, 1, cache, steps)
     tokens = src.new_full((src.shape[0], 1), bos)
     finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-    for step in range(int(limits.max()) + 1):
+    for step in range(steps):
         log_probs = block_repeats(decoder.log_probs(tokens), tokens, no_repeat_ngram)
         log_probs = force_eos(log_probs, (step >= limits) | finished, eos)
         next_tokens = log_probs.argmax(-1) if sampler is None else sampler(log_probs)
@@ -241,12 +249,12 @@ def beam_search(
     no_repeat_ngram: int = 0,
 ) -> list[list[int]]:
     batch, k = src.shape[0], beam
-    decoder = Decoder(model, src, src_padding, k, cache)
+    steps = int(limits.max()) + 1
+    decoder = Decoder(model, src, src_padding, k, cache, steps)
     tokens = src.new_full((batch * k, 1), bos)
     scores = torch.zeros(batch, k, device=src.device)
     scores[:, 1:] = float("-inf")  # the k copies start identical: expand only the first
     row_limits = limits.repeat_interleave(k)
-    steps = int(limits.max()) + 1
     finished = Finished.empty(batch, k, steps, tokens)
     base = torch.arange(batch, device=src.device)[:, None] * k
     for step in range(steps):

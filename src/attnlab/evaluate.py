@@ -3,7 +3,9 @@
 The run is rebuilt from the overrides stored in the checkpoint (those an allow-list passes,
 see `attnlab.resume`), placed before the ones given here on the command line: the data and
 evaluation settings may change (a longer eval length, another data directory, decode.beam);
-the model may not (an override of pe, norm, synthesizer, model.* or the task is an error).
+the model may not (an override of pe, norm, synthesizer, model.* or the task is an error),
+except in how a RoPE reads positions past its training context (pe.scaling and the options
+it reads: `attnlab.resume.EVALUATION_OPTIONS`, set in the model the checkpoint holds).
 What the model depends on beyond its weights (a translation model's vocabulary) comes from
 the checkpoint too, never from the data it is evaluated on. Checkpoints are read as tensors
 and plain data only: reading one runs no code.
@@ -26,7 +28,9 @@ from attnlab.resume import (
     argument,
     check_same_model,
     evaluation_arguments,
+    evaluation_options,
     read_checkpoint,
+    with_settings,
 )
 
 STAGES = {"test": "test", "val": "validate"}  # split=... -> Lightning's stage
@@ -43,10 +47,15 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         run.print_config(cfg)
     datamodule = run.build_datamodule(cfg)
     checkpoint = read_checkpoint(cfg.ckpt_path)
-    check_same_model(to_dict(cfg), checkpoint[RECORD_KEY]["config"], "eval.py")
+    config = to_dict(cfg)
+    changeable = evaluation_options(config)
+    check_same_model(config, checkpoint[RECORD_KEY]["config"], "eval.py", changeable)
     datamodule.restore(checkpoint, STAGES[cfg.split])
     system_class = own_class(cfg.task.system._target_)
     settings = {k: v for k, v in to_dict(cfg.task.system).items() if k != "_target_"}
+    if changeable:
+        architecture = checkpoint["hyper_parameters"]["architecture"]
+        settings["architecture"] = with_settings(architecture, changeable)
     system = system_class.load_from_checkpoint(
         cfg.ckpt_path, map_location="cpu", weights_only=True, **settings
     )

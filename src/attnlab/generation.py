@@ -96,7 +96,7 @@ def continue_text(
     if prompt.shape[1] == 0:
         raise ConfigError("the prompt is empty: give at least one token of text to continue")
     check_room(net, prompt.shape[1], max_new_tokens)
-    state = net.new_cache() if cache else None
+    state = net.new_cache(prompt.shape[1] + max_new_tokens - 1) if cache else None
     tokens, new = prompt, prompt
     for _ in range(max_new_tokens):
         logits = net(new if cache else tokens, state)[:, -1]

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from attnlab.config import to_dict
+from attnlab.config import own_class, to_dict
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 GROUPS = (
@@ -45,6 +45,11 @@ def _variant(group: str, option: str, overrides: tuple[str, ...]) -> dict[str, A
         )
     GlobalHydra.instance().clear()
     return to_dict(cfg[group])
+
+
+def causal_only(pe: str) -> str | None:
+    """Why pe=<option> works in causal self-attention only; None where it works anywhere."""
+    return own_class(variant("pe", pe)["_target_"]).causal_only
 
 
 def shrink(node: Any, max_len: int = 16) -> Any:

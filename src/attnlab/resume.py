@@ -13,8 +13,12 @@ file never decides that.
 
 from __future__ import annotations
 
+import copy
+import functools
+import operator
 import re
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,13 @@ DATA_LOCATIONS = ("task.data.dir", "task.data.test_src", "task.data.test_tgt")
 # how a run was trained, not what it learned: an evaluation never takes these from the run
 TRAINING_ONLY = ("trainer", "debug", "hparams_search", "train", "test")
 TOP_VALUES = ("seed", "tags", "train", "test", "optimized_metric")
+# options of a PE class that change how a trained model reads positions, not its weights:
+# eval.py may set them on a checkpoint (RoPE's context extension), a resumed run may not
+EVALUATION_OPTIONS = {
+    "attnlab.pe.rope.RoPE": (
+        "scaling", "scaling_factor", "original_max_len", "yarn_alpha", "yarn_beta",
+    ),
+}  # fmt: skip
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
 
@@ -213,10 +224,36 @@ def training_arguments(args: list[str]) -> list[str] | None:
     return resumed + ([f"hydra.run.dir={directory}"] if directory else [])
 
 
-def check_same_model(config: dict[str, Any], stored: dict[str, Any], program: str) -> None:
+def evaluation_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings of `config`'s pe (and of a PE inside it, such as URPE's base) that
+    EVALUATION_OPTIONS lets eval.py change, flattened: {"pe.scaling": "yarn", ...}."""
+    flat = flatten({"pe": config.get("pe") or {}})
+    nodes = {key.removesuffix("_target_"): target for key, target in flat.items()
+             if key.endswith("._target_") and target in EVALUATION_OPTIONS}  # fmt: skip
+    return {
+        node + name: flat[node + name]
+        for node, target in nodes.items()
+        for name in EVALUATION_OPTIONS[target]
+        if node + name in flat
+    }
+
+
+def with_settings(node: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `node` with the flattened `settings` ({"pe.scaling": "yarn"}) set in it."""
+    node = copy.deepcopy(node)
+    for key, value in settings.items():
+        *path, name = key.split(".")
+        functools.reduce(operator.getitem, path, node)[name] = value
+    return node
+
+
+def check_same_model(
+    config: dict[str, Any], stored: dict[str, Any], program: str, free: Collection[str] = ()
+) -> None:
     """Refuse a config whose model differs from the checkpoint's: settings both define with
     different values (a setting only one side knows is a newer option, not a conflict; the
-    kernels that compute attention and how the weights were initialized may differ)."""
+    kernels that compute attention and how the weights were initialized may differ, and so
+    may the flattened settings `free`: eval.py's `evaluation_options`)."""
     mine = flatten({key: config.get(key) for key in ARCHITECTURE}) | {
         "task.name": config["task"]["name"]
     }
@@ -229,6 +266,7 @@ def check_same_model(config: dict[str, Any], stored: dict[str, Any], program: st
         if key in theirs
         and mine[key] != theirs[key]
         and key.split(".")[-1] not in (*DESCRIPTIVE, *NOT_WEIGHTS)
+        and key not in free
     ]
     if differing:
         changes = ", ".join(f"{k}={theirs[k]} (not {mine[k]})" for k in differing)

@@ -19,7 +19,7 @@ slower than the plain path, with no memory saved (measured at L = 512 and 1024),
 takes the plain path.
 
 On CUDA and when asked (`flex`, model.flex_attention=true), softmax with a PE score term
-that FlexAttention can read per (i, j) (t5, alibi, shaw's key term; `pe.flex`) takes
+that FlexAttention can read per (i, j) (t5, alibi, kerple, shaw's key term; `pe.flex`) takes
 FlexAttention instead (`attention/flex.py`): the term and the mask stay inside the kernel,
 with no [Lq, Lk] tensor; without attention dropout only, and not for single-query decoding
 steps. Its forward pass is tested against the plain path.
@@ -240,7 +240,7 @@ def rotate_and_cache(
     keys and values ahead of the new ones: what every block does between its projections
     and `attend`."""
     q = None if q is None else pe.rotate(q, q_pos)
-    k = None if k is None else pe.rotate(k, q_pos)
+    k = None if k is None else pe.rotate_key(k, q_pos)
     if cache is not None:
         k, v = cache.extend(k, v)
     return q, k, v
@@ -319,7 +319,7 @@ class Attention(nn.Module):
             if cache is not None and cache.v is not None:
                 return q, cache.k, cache.v
             k, v = self.kv_proj(memory).split((kw, vw), -1)
-            k, v = pe.rotate(self._heads(k, kw), k_pos), self._heads(v, vw)
+            k, v = pe.rotate_key(self._heads(k, kw), k_pos), self._heads(v, vw)
             if cache is not None:
                 cache.k, cache.v = k, v
             return q, k, v

@@ -8,7 +8,7 @@ attention + FFN (`attnlab.model.standard`) or the gated attention unit (`attnlab
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,7 @@ from attnlab.attention.core import AttentionParts, KVCache
 from attnlab.config import ConfigError
 from attnlab.model.block import LayerCache, StackInputs
 from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.pe.base import PositionalEncoding
 from attnlab.tensors import linear
 
 NO_PE = {"_target_": "attnlab.pe.none.NoPE"}
@@ -26,15 +27,19 @@ DOT = {"_target_": "attnlab.synthesizer.dot.Dot"}
 
 @dataclass
 class StackCache:
-    """Per-layer self- and cross-attention caches of one decoder stack."""
+    """Per-layer self- and cross-attention caches of one decoder stack, and what its PEs drew
+    at the session's first step (`PositionalEncoding.begin`), by module name."""
 
     self_kv: list[KVCache]
     cross_kv: list[KVCache]
     length: int = 0
+    capacity: int | None = None  # positions the session will use, for PEs that draw them
+    drawn: dict[str, Tensor | None] = field(default_factory=dict)
 
     @classmethod
-    def empty(cls, n_layers: int) -> StackCache:
-        return cls([KVCache() for _ in range(n_layers)], [KVCache() for _ in range(n_layers)])
+    def empty(cls, n_layers: int, capacity: int | None = None) -> StackCache:
+        caches = [KVCache() for _ in range(n_layers)], [KVCache() for _ in range(n_layers)]
+        return cls(*caches, capacity=capacity)
 
     def reorder(self, index: Tensor) -> None:
         for cache in (*self.self_kv, *self.cross_kv):
@@ -113,6 +118,17 @@ class Stack(nn.Module):
         if self.cross_parts is not None and memory_length is not None:
             check_length(self.cross_parts, max(length, memory_length), "cross-attention")
 
+    def begin(self, length: int, device: torch.device, cache: StackCache | None) -> None:
+        """Start a forward pass over positions 0..length−1 for the PE and every PE inside it
+        (`PositionalEncoding.begin`); a decoding session covers its cache's capacity and
+        keeps what they drew at its first step."""
+        drawn = {} if cache is None else cache.drawn
+        if cache is not None and cache.capacity is not None:
+            length = max(length, cache.capacity)
+        for name, module in self.parts.pe.named_modules():
+            if isinstance(module, PositionalEncoding):
+                drawn[name] = module.begin(length, device, drawn.get(name))
+
     def forward(
         self,
         x: Tensor,
@@ -125,6 +141,7 @@ class Stack(nn.Module):
         offset = cache.length if cache is not None else 0
         length = x.shape[1]
         self.check_length(offset + length, None if memory is None else memory.shape[1])
+        self.begin(offset + length, x.device, cache)
         k_pos = torch.arange(offset + length, device=x.device)
         q_pos = k_pos[offset:]
         inputs = StackInputs(
@@ -207,8 +224,10 @@ class DecoderLM(nn.Module):
             return hidden @ self.embed.weight.t()
         return self.output(hidden)
 
-    def new_cache(self) -> StackCache:
-        return StackCache.empty(self.stack.n_layers)
+    def new_cache(self, capacity: int | None = None) -> StackCache:
+        """An empty cache for a decoding session of at most `capacity` positions (needed by
+        PEs that draw positions per session, pe=randomized)."""
+        return StackCache.empty(self.stack.n_layers, capacity)
 
 
 class EncoderDecoder(nn.Module):
@@ -258,5 +277,6 @@ class EncoderDecoder(nn.Module):
     def forward(self, src: Tensor, src_padding: Tensor, tgt: Tensor) -> Tensor:
         return self.decode(tgt, self.encode(src, src_padding), src_padding)
 
-    def new_cache(self) -> StackCache:
-        return StackCache.empty(self.decoder.n_layers)
+    def new_cache(self, capacity: int | None = None) -> StackCache:
+        """An empty decoder cache for at most `capacity` target positions (see DecoderLM's)."""
+        return StackCache.empty(self.decoder.n_layers, capacity)

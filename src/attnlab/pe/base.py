@@ -4,11 +4,13 @@ A variant overrides only the hooks it needs (`q`, `k`: [B, H, L, d_h]; positions
 
     embed(x, pos)                 add to the token embeddings            (learned, sinusoidal)
     rotate(x, pos)                transform q and k before q·k           (rope)
+    rotate_key(x, pos)            k's transform, where it is not q's     (xpos); `rotate` here
     scale(head_dim)               factor on q·k, 1/√d_h by default       (deberta: 1/√(3 d_h))
     score_bias(q, k, ...)         add a term to the scores, before the normalizer
                                   (t5, alibi: content-free; shaw, xl, deberta: content-dependent)
     reweight(weights, ...)        transform the normalized matrix        (urpe)
     value_term(weights, ...)      add a term to the output               (shaw's a^V)
+    begin(length, device, drawn)  start a forward pass: state its hooks share (randomized)
 
 `score_bias` and `value_term` return None when they add nothing. Relative positions are
 built from the absolute `q_pos` and `k_pos`, so the same code serves full sequences,
@@ -16,7 +18,9 @@ cached decoding (one query at position t) and cross-attention.
 
 What a variant does is declared in class attributes (`embeds`, `rotates`, `adds_score_terms`,
 `post_normalization`, `needs_query`, `needs_key`, `flex`), which the attention core reads
-to choose how to compute; a test checks each declaration against what the hooks do.
+to choose how to compute; a test checks each declaration against what the hooks do. A
+variant defined for causal self-attention only says why in `causal_only`, and building it
+for a bidirectional stack or cross-attention is refused with that reason.
 A variant whose score term FlexAttention can compute from positions and small tables
 (t5, alibi, shaw's key term) sets `flex` and gives that term as a `score_mod` too.
 """
@@ -28,6 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from attnlab.config import ConfigError
 from attnlab.shape import StackShape
 from attnlab.tensors import float64_home
 
@@ -45,9 +50,17 @@ class PositionalEncoding(nn.Module):
     needs_query = False  # score_bias reads q
     needs_key = False  # score_bias reads k
     flex = False  # score_mod gives score_bias's term to FlexAttention
+    causal_only: str | None = None  # why it is defined for causal self-attention only
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()
+        if self.causal_only and (shape.cross or not shape.causal):
+            where = "cross-attention" if shape.cross else "a bidirectional stack"
+            raise ConfigError(
+                f"{type(self).__name__} works in causal self-attention only ({self.causal_only}),"
+                f" not in {where}: use a decoder-only model (task.causal=true for the probe), "
+                "without model.cross_pe, or choose another pe"
+            )
         self.shape = shape
 
     @property
@@ -55,11 +68,23 @@ class PositionalEncoding(nn.Module):
         """Whether it does anything inside attention (cross-attention has no `embed`)."""
         return self.rotates or self.adds_score_terms or self.post_normalization
 
+    def begin(self, length: int, device: torch.device, drawn: Tensor | None) -> Tensor | None:
+        """Called by the stack on its PE, and on every PE inside it, once per forward pass
+        before any other hook: the pass covers positions 0..length−1 (a decoding session's:
+        every position it will use), and `drawn` is what this returned at the session's
+        first step (None for a new pass or session). Returns what every hook and layer of
+        the pass must share, for the stack to hand back at the session's later steps
+        (randomized's sampled positions); nothing here."""
+        return None
+
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         return x
 
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
         return x
+
+    def rotate_key(self, x: Tensor, pos: Tensor) -> Tensor:
+        return self.rotate(x, pos)
 
     def scale(self, head_dim: int) -> float:
         return head_dim**-0.5

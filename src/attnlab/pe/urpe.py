@@ -17,10 +17,10 @@ ones, so training starts exactly at the base PE's attention. C multiplies after 
 normalizer and before attention dropout; masked keys already have weight 0, as the official
 code zeroes C at padding. The bucketed C and --ur-attn-with-relu are not implemented.
 
-URPE delegates embed, rotate, scale and score_bias to its base, builds the base itself and
-declares what the base does (embeds, rotates, adds_score_terms, needs_query, needs_key). It
-bounds positions to the smaller of its own max_len and the base's. Acting after the
-normalizer, it always takes the plain path, never SDPA.
+URPE delegates embed, rotate, rotate_key, scale and score_bias to its base, builds the base
+itself and declares what the base does (embeds, rotates, adds_score_terms, needs_query,
+needs_key). It bounds positions to the smaller of its own max_len and the base's. Acting
+after the normalizer, it always takes the plain path, never SDPA.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ class URPE(PositionalEncoding):
 
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
         return self.base.rotate(x, pos)
+
+    def rotate_key(self, x: Tensor, pos: Tensor) -> Tensor:
+        return self.base.rotate_key(x, pos)
 
     def scale(self, head_dim: int) -> float:
         return self.base.scale(head_dim)

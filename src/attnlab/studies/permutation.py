@@ -34,7 +34,7 @@ from attnlab.attention.core import AttentionParts, Compute, attend
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import Stack, attention_mask
-from attnlab.options import options, shrink, variant
+from attnlab.options import causal_only, options, shrink, variant
 from attnlab.shape import StackShape
 
 EXACT = 1e-10  # float64 deviations below this are rounding: the property holds
@@ -47,11 +47,13 @@ PROPERTIES = ("keys", "queries", "stack", "key bias", "value bias")
 
 def configurations() -> list[tuple[str, dict[str, str], bool]]:
     """(label, choice of pe/norm/synthesizer, causal): each changes one thing from
-    none/softmax/dot, bidirectional."""
+    none/softmax/dot, bidirectional (a pe defined for causal stacks only: causal)."""
     base = {"pe": "none", "norm": "softmax", "synthesizer": "dot"}
     rows = [(f"norm={n}", {**base, "norm": n}, False) for n in options("norm")]
     rows.append(("causal mask", base, True))
-    rows += [(f"pe={p}", {**base, "pe": p}, False) for p in options("pe") if p != "none"]
+    rows += [
+        (f"pe={p}", {**base, "pe": p}, bool(causal_only(p))) for p in options("pe") if p != "none"
+    ]
     rows += [
         (f"synthesizer={s}", {**base, "synthesizer": s}, False)
         for s in options("synthesizer")
@@ -88,7 +90,7 @@ def layer(parts: AttentionParts, causal: bool, x, q, k, v) -> Tensor:
     (RoPE), then scores, weights and output."""
     pos = torch.arange(LENGTH)
     mask = attention_mask(pos, pos, None, causal)
-    q, k = parts.pe.rotate(q, pos), parts.pe.rotate(k, pos)
+    q, k = parts.pe.rotate(q, pos), parts.pe.rotate_key(k, pos)
     return attend(parts, 1, x, q, k, v, pos, pos, mask, Compute(fast=False))
 
 

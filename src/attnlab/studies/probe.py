@@ -26,7 +26,7 @@ rows; it covers the dot-product synthesizer, the one the probe studies use.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -74,7 +74,7 @@ def predict(
             f"the probe's prediction covers synthesizer=dot only, not "
             f"synthesizer={synthesizer.get('name')}: compare such runs with kind configurations"
         )
-    encoding, normalizer = build(pe, shape=SHAPE), build(norm)
+    encoding, normalizer = build(pe, shape=replace(SHAPE, causal=causal)), build(norm)
     stochastic = rows_sum_to_one(normalizer)
     if encoding.embeds:
         return Prediction(True, "absolute PE: each position gets its own input vector")

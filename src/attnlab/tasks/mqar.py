@@ -1,0 +1,129 @@
+"""Multi-query associative recall, MQAR (Arora et al. 2023, "Zoology: Measuring and Improving
+Recall in Efficient Language Models", ICLR 2024, arXiv 2312.04927; reference generator
+HazyResearch/zoology `zoology/data/multiquery_ar.py`): key–value pairs, then queries for
+every key; the answers are the queried keys' values.
+
+Layout of the input, as Zoology's: the context k1 v1 k2 v2 … kN vN (N = num_kv_pairs), then
+a query region filling the input up to `length` tokens. Token 0 is the filler; keys are
+drawn without replacement from 1..V/2−1 and values from V/2..V−1 (V = vocab_size, halves
+rounded down), so keys and values never share a token. Each key is asked once, at an even
+offset 2s of the query region (s = 0..⌊(length−2N)/2⌋−1); the N slots are drawn without
+replacement with weight (s+1)^(a−1) (a = power_a: 0.01, Zoology's default, puts most queries
+just after the context, 1 spreads them uniformly), by an exponential race (the N smallest
+Exp(1)/weight), which gives the same distribution as drawing one slot after another.
+
+Output, unlike Zoology: the values of the queried keys in the order the queries appear.
+Zoology trains a next-token model with a label at each query's position (its value) and
+ignores every other position; the value never enters the input. The decoder layout here is
+`input SEP output` with the loss on the output only, which has no labels inside the input,
+so the answers move after SEP. This is harder than Zoology's task: the i-th answer must
+first find the i-th query in the region (a positional step) before looking up its value,
+and answers see the earlier answers. Also unlike Zoology, which key sits in which slot is a
+uniform random permutation; Zoology gives its keys, in context order, the slots in the order
+numpy draws them, and as each draw avoids the slots already taken, late keys tend to get far
+slots: its query order leans towards the context order.
+
+Length = the number of input tokens (Zoology's input_seq_len), with N fixed by
+`num_kv_pairs`: longer inputs then only add distance between queries and the pairs they ask
+about, which is what a positional encoding has to bridge. Setting `tokens_per_pair` instead
+scales the pairs with the length, N = ⌊length/tokens_per_pair⌋ (Zoology's Figure 2 keeps
+length/N = 16: 64/4, 128/8, 256/16), so longer inputs also hold more to recall. A length
+needs at least 4N tokens (Zoology's assertion). Zoology's other assertion, vocab_size >
+length, has no role here and is not required.
+
+`random_filler` replaces the filler 0s with tokens drawn uniformly from the vocabulary
+(Zoology's random_non_queries; its Figure 2 configs leave it off), excluding this example's
+keys: a filler equal to a key would be a query the answer list does not contain.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+
+from attnlab.config import ConfigError, is_count, is_number, require_counts
+from attnlab.tasks.synthetic import OPTIONS, Example, require_flags, require_length
+
+FILLER = 0
+
+
+class MQAR:
+    def __init__(
+        self,
+        vocab_size: int = 8192,
+        num_kv_pairs: int | None = 8,
+        tokens_per_pair: int | None = None,
+        power_a: float = 0.01,
+        random_filler: bool = False,
+    ) -> None:
+        require_counts(OPTIONS, vocab_size=vocab_size)
+        if (num_kv_pairs is None) == (tokens_per_pair is None):
+            raise ConfigError(
+                f"mqar needs exactly one of {OPTIONS}.num_kv_pairs (pairs per example) and "
+                f"{OPTIONS}.tokens_per_pair (pairs growing with the length), the other null"
+            )
+        if num_kv_pairs is not None:
+            require_counts(OPTIONS, num_kv_pairs=num_kv_pairs)
+        if tokens_per_pair is not None and not is_count(tokens_per_pair, 4):
+            raise ConfigError(
+                f"{OPTIONS}.tokens_per_pair={tokens_per_pair!r} must be an integer of at least "
+                "4: each pair needs two context tokens and a two-token query slot"
+            )
+        if not (is_number(power_a) and 0 < power_a < math.inf):
+            raise ConfigError(
+                f"{OPTIONS}.power_a={power_a!r} must be a positive number "
+                "(0.01: queries near the context, 1: uniform)"
+            )
+        require_flags(random_filler=random_filler)
+        self.symbols, self.power_a, self.random_filler = vocab_size, power_a, random_filler
+        self.num_kv_pairs, self.tokens_per_pair = num_kv_pairs, tokens_per_pair
+        self.min_length = 4 * num_kv_pairs if num_kv_pairs is not None else tokens_per_pair
+        if num_kv_pairs is not None:
+            self.require_keys(num_kv_pairs)
+
+    def pairs(self, length: int) -> int:
+        """N, the number of key–value pairs in an input of `length` tokens."""
+        if self.num_kv_pairs is not None:
+            return self.num_kv_pairs
+        return length // self.tokens_per_pair
+
+    def require_keys(self, pairs: int) -> None:
+        available = self.symbols // 2 - 1
+        if pairs > available:
+            raise ConfigError(
+                f"mqar with {pairs} key-value pairs needs {OPTIONS}.vocab_size of at least "
+                f"{2 * pairs + 2} (keys come from 1..vocab_size/2-1), got {self.symbols}"
+            )
+
+    def example(self, length: int, rng: random.Random) -> Example:
+        require_length("mqar", length, self.min_length)
+        pairs = self.pairs(length)
+        self.require_keys(pairs)
+        half = self.symbols // 2
+        keys = rng.sample(range(1, half), pairs)
+        values = rng.sample(range(half, self.symbols), pairs)
+        context = [token for pair in zip(keys, values, strict=True) for token in pair]
+        region = self.filler(length - 2 * pairs, set(keys), rng)
+        slots = query_slots(len(region) // 2, pairs, self.power_a, rng)
+        asked = rng.sample(range(pairs), pairs)  # asked[i]: the pair queried at slots[i]
+        for slot, pair in zip(slots, asked, strict=True):
+            region[2 * slot] = keys[pair]
+        return context + region, [values[pair] for pair in asked]
+
+    def filler(self, size: int, keys: set[int], rng: random.Random) -> list[int]:
+        if not self.random_filler:
+            return [FILLER] * size
+        tokens = []
+        while len(tokens) < size:
+            token = rng.randrange(self.symbols)
+            if token not in keys:
+                tokens.append(token)
+        return tokens
+
+
+def query_slots(space: int, count: int, power_a: float, rng: random.Random) -> list[int]:
+    """`count` distinct slots of 0..space−1 in increasing order, slot s drawn with weight
+    (s+1)^(power_a−1) without replacement."""
+    race = [rng.expovariate(1.0) * (s + 1) ** (1.0 - power_a) for s in range(space)]
+    return sorted(heapq.nsmallest(count, range(space), key=race.__getitem__))

@@ -112,6 +112,13 @@ class Stack(nn.Module):
         )
         self.drop = nn.Dropout(cfg.dropout)
         self.final_norm = cfg.layer_norm() if cfg.norm_first else nn.Identity()
+        # the PEs (the stack's and those inside it) that start a pass: found once, not per pass
+        self.beginning = [
+            name
+            for name, module in self.parts.pe.named_modules()
+            if isinstance(module, PositionalEncoding)
+            and type(module).begin is not PositionalEncoding.begin
+        ]
 
     def check_length(self, length: int, memory_length: int | None = None) -> None:
         check_length(self.parts, length, "the sequence")
@@ -125,9 +132,9 @@ class Stack(nn.Module):
         drawn = {} if cache is None else cache.drawn
         if cache is not None and cache.capacity is not None:
             length = max(length, cache.capacity)
-        for name, module in self.parts.pe.named_modules():
-            if isinstance(module, PositionalEncoding):
-                drawn[name] = module.begin(length, device, drawn.get(name))
+        for name in self.beginning:
+            module = self.parts.pe.get_submodule(name)
+            drawn[name] = module.begin(length, device, drawn.get(name))
 
     def forward(
         self,

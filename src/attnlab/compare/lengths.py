@@ -1,4 +1,5 @@
-"""Language-model runs (task=lm): metrics by evaluation length, and loss by position.
+"""Metrics by length: language-model runs (task=lm) by evaluation length, with their loss by
+position, and the synthetic tasks' exact match by bucket of test lengths (end of file).
 
 An evaluation of a language model logs `<stage>/<measure>@L` for each evaluation length L
 (loss, ppl, ppl_sliding; bpc and bpc_sliding with the char tokenizer) and writes, into the run
@@ -19,11 +20,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import Configuration, summary
-from attnlab.plots import Band, bands_figure, save
+from attnlab.plots import Band, bands_figure, heatmap_figure, save
 
 AT_LENGTH = re.compile(r"(?P<measure>(?P<stage>[^/]+)/[^@]+)@(?P<length>\d+)")
 NOT_APPLICABLE = "n/a"
@@ -227,3 +229,70 @@ def plot_loss_by_position(configs: list[Configuration], path: Path) -> list[Path
         training_length(configs), log_y=False,
     )  # fmt: skip
     return [save(figure, path)]
+
+
+# the synthetic tasks (attnlab.systems.synthetic): exact match by bucket of lengths
+
+ACCURACY = f"{STAGE}/acc"
+
+
+def by_task(configs: list[Configuration]) -> dict[str, dict[str, Configuration]]:
+    """task -> the configuration's label without the task -> configuration, for the
+    configurations that logged exact match by length."""
+    grouped: dict[str, dict[str, Configuration]] = {}
+    for config in configs:
+        if not lengths(config.runs, ACCURACY):
+            continue
+        task = str(config.runs[0].setting("task.name"))
+        rest = {key: value for key, value in config.setting.items() if key != "task"}
+        label = ",".join(f"{key}={value}" for key, value in rest.items() if value) or task
+        grouped.setdefault(task, {})[label] = config
+    return grouped
+
+
+def plot_accuracy_by_length(configs: list[Configuration], path: Path) -> list[Path]:
+    """Test exact match by bucket of lengths (named by its longest), a panel per task: one
+    line per configuration, the mean over its seeds, the range shaded."""
+    panels = {
+        task: {
+            label: found
+            for label, config in found_configs.items()
+            if (found := band([by_length(run, ACCURACY) for run in config.runs]))
+        }
+        for task, found_configs in by_task(configs).items()
+    }
+    panels = {task: bands for task, bands in panels.items() if bands}
+    if not panels:
+        return []
+    figure = bands_figure(
+        panels, "test length (the longest of each bucket)", "test exact match", {}, log_y=False
+    )
+    return [save(figure, path)]
+
+
+def longest_bucket_matrix(
+    configs: list[Configuration],
+) -> tuple[list[list[float]], list[str], list[str]]:
+    """Mean test exact match over seeds in each task's longest bucket: [tasks, labels] (NaN
+    where a configuration did not run a task), with the task and label names."""
+    grouped = by_task(configs)
+    labels = list(dict.fromkeys(label for found in grouped.values() for label in found))
+    matrix = []
+    for found in grouped.values():
+        row = []
+        for label in labels:
+            config = found.get(label)
+            longest = max(lengths(config.runs, ACCURACY)) if config else None
+            values = config.values(f"{ACCURACY}@{longest}") if config else []
+            row.append(sum(values) / len(values) if values else math.nan)
+        matrix.append(row)
+    return matrix, list(grouped), labels
+
+
+def plot_longest_bucket(configs: list[Configuration], path: Path) -> list[Path]:
+    """A heat map of tasks x configurations: exact match in each task's longest bucket."""
+    matrix, tasks, labels = longest_bucket_matrix(configs)
+    if not tasks:
+        return []
+    title = "test exact match in each task's longest bucket (mean over seeds)"
+    return [save(heatmap_figure(np.array(matrix), tasks, labels, title), path)]

@@ -33,6 +33,8 @@ import numpy as np
 from attnlab.compare.lengths import (
     NOT_APPLICABLE,
     order,
+    plot_accuracy_by_length,
+    plot_longest_bucket,
     plot_loss_by_position,
     plot_ppl_by_length,
     seeds_summary,
@@ -286,6 +288,8 @@ def compare(directory: Path) -> Comparison:
     plots += plot_by_position(configs, directory / "acc_by_position.png")
     plots += plot_ppl_by_length(configs, directory / "ppl_by_length.png")
     plots += plot_loss_by_position(configs, directory / "loss_by_position.png")
+    plots += plot_accuracy_by_length(configs, directory / "acc_by_length.png")
+    plots += plot_longest_bucket(configs, directory / "acc_longest_bucket.png")
     never_trained = [run for run in found if not run.trained]
     by_configuration = configs if SEED in keys else []
     comparison = Comparison(directory, runs, rows, plots, by_configuration, never_trained)

@@ -15,12 +15,25 @@ that a change of the stream (an edit here, a Python release) cannot pass unnotic
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
 import random
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from attnlab.config import ConfigError, is_count
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
 
-OPTIONS = "task"  # where a generator's options sit in the config, for error messages
+from attnlab.config import ConfigError, build, is_count, require_counts
+from attnlab.data.batching import TokenBatchSampler
+from attnlab.data.loader import ResumableLoader, ResumableSampler
+from attnlab.data.task import IGNORE, TaskData
+
+OPTIONS = "task.data.generator"  # where a generator's options sit, for error messages
+ARCHS = ("decoder", "encoder_decoder")
 
 Example = tuple[list[int], list[int]]  # (input, output)
 
@@ -56,3 +69,235 @@ def require_flags(**values: Any) -> None:
 def random_symbols(length: int, alphabet: int, rng: random.Random) -> list[int]:
     """`length` symbols drawn independently and uniformly from 0..alphabet−1."""
     return [rng.randrange(alphabet) for _ in range(length)]
+
+
+# the data of every synthetic task: generated sets, buckets of lengths, batches
+
+
+class Item(NamedTuple):
+    input: list[int]
+    output: list[int]
+    length: int
+    bucket: int  # index into the split's buckets
+
+
+@dataclass(frozen=True)
+class Specials:
+    """The ids after a task's `symbols` tokens: padding, the separator (also the decoder's
+    first token in encoder_decoder) and the end of the output."""
+
+    pad: int
+    sep: int
+    eos: int
+
+    @classmethod
+    def after(cls, symbols: int) -> Specials:
+        return cls(symbols, symbols + 1, symbols + 2)
+
+
+def buckets(first: int, width: int, longest: int) -> list[range]:
+    """Lengths first..longest cut into buckets ending at width, 2·width, … and `longest`."""
+    ends = [*range(width, longest, width), longest]
+    starts = [first, *(end + 1 for end in ends[:-1])]
+    return [range(start, end + 1) for start, end in zip(starts, ends, strict=True) if start <= end]
+
+
+def drawn(generator: Generator, lengths: range, count: int, seed: str, bucket: int) -> list[Item]:
+    """`count` examples whose lengths are uniform over `lengths`, from one seeded stream."""
+    rng = random.Random(seed)
+    items = []
+    for _ in range(count):
+        length = rng.choice(lengths)
+        items.append(Item(*generator.example(length, rng), length, bucket))
+    return items
+
+
+class TrainExamples(Dataset):
+    """The training set: example i has a length uniform over `lengths`, and it and its length
+    come from a stream seeded by (seed, i) alone, so it is made when asked for, the same on
+    every rank, worker and resumption."""
+
+    def __init__(self, generator: Generator, lengths: range, size: int, seed: int) -> None:
+        self.generator, self.lengths, self.size, self.seed = generator, lengths, size, seed
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> Item:
+        return drawn(self.generator, self.lengths, 1, f"train:{self.seed}:{index}", 0)[0]
+
+
+def collate(items: list[Item], specials: Specials, arch: str) -> dict[str, Tensor]:
+    """A batch for `arch`, with `answers` [B, A]: each output then EOS, IGNORE-padded (what
+    the loss, exact match and token accuracy score), `lengths` and `buckets` [B].
+
+    decoder: `tokens` [B, T], each `input SEP output EOS` right-padded with PAD (a causal
+    stack never reads the padding of a row from its real tokens), `targets` [B, T−1] the
+    next tokens where they are the answer's, else IGNORE, `prompt` [B] len(input) + 1.
+    encoder_decoder: `src` [B, S] the inputs PAD-padded, `tgt` [B, A] SEP then the output.
+    """
+    rows = len(items)
+    answers = torch.full((rows, max(len(i.output) for i in items) + 1), IGNORE)
+    for row, item in enumerate(items):
+        answers[row, : len(item.output) + 1] = torch.tensor([*item.output, specials.eos])
+    batch = {
+        "answers": answers,
+        "lengths": torch.tensor([item.length for item in items]),
+        "buckets": torch.tensor([item.bucket for item in items]),
+    }
+    if arch == "decoder":
+        sequences = [[*i.input, specials.sep, *i.output, specials.eos] for i in items]
+        tokens = torch.full((rows, max(map(len, sequences))), specials.pad)
+        targets = torch.full((rows, tokens.shape[1] - 1), IGNORE)
+        for row, (item, sequence) in enumerate(zip(items, sequences, strict=True)):
+            tokens[row, : len(sequence)] = torch.tensor(sequence)
+            targets[row, len(item.input) : len(sequence) - 1] = tokens[
+                row, len(item.input) + 1 : len(sequence)
+            ]
+        prompt = torch.tensor([len(item.input) + 1 for item in items])
+        return {**batch, "tokens": tokens, "targets": targets, "prompt": prompt}
+    src = torch.full((rows, max(len(i.input) for i in items)), specials.pad)
+    tgt = torch.full_like(answers, specials.pad)
+    tgt[:, 0] = specials.sep
+    for row, item in enumerate(items):
+        src[row, : len(item.input)] = torch.tensor(item.input)
+        tgt[row, 1 : len(item.output) + 1] = torch.tensor(item.output)
+    return {**batch, "src": src, "tgt": tgt}
+
+
+class Batches(Dataset):
+    """A fixed evaluation set served a whole batch at a time (items are lists of positions,
+    as TokenBatchSampler deals them)."""
+
+    def __init__(self, items: list[Item], specials: Specials, arch: str) -> None:
+        self.items, self.specials, self.arch = items, specials, arch
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, positions: list[int]) -> dict[str, Tensor]:
+        return collate([self.items[p] for p in positions], self.specials, self.arch)
+
+
+def eval_batches(items: list[Item], size: int) -> list[np.ndarray]:
+    """Batches of at most `size` positions holding one input length each, so that a decoder's
+    prompts end together and greedy decoding steps them as one."""
+    order = sorted(range(len(items)), key=lambda p: (len(items[p].input), p))
+    groups = itertools.groupby(order, key=lambda p: len(items[p].input))
+    return [
+        np.array(group[start : start + size])
+        for _, found in groups
+        for group in [list(found)]
+        for start in range(0, len(group), size)
+    ]
+
+
+class SyntheticData(TaskData):
+    """A generated task (`generator`, built from its config node): training examples of lengths
+    train_min_len..train_max_len, validation at those lengths, and a test in buckets of
+    `bucket` lengths up to test_max_len. Validation and test sets come from `test_seed`
+    alone, so every configuration and training seed is scored on the same examples."""
+
+    def __init__(
+        self,
+        generator: dict,
+        arch: str = "decoder",
+        train_min_len: int = 1,
+        train_max_len: int = 20,
+        test_max_len: int | None = None,
+        bucket: int | None = None,
+        train_size: int = 20000,
+        val_size: int = 256,
+        test_size: int = 256,
+        batch_size: int = 64,
+        eval_batch_size: int = 256,
+        test_seed: int = 0,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.generator: Generator = build(generator)
+        if arch not in ARCHS:
+            raise ConfigError(f"task.arch={arch!r} is not one of: {', '.join(ARCHS)}")
+        require_counts("task.data", train_size=train_size, val_size=val_size, test_size=test_size)
+        require_counts("task.data", batch_size=batch_size, eval_batch_size=eval_batch_size)
+        require_counts("task.data", least=0, test_seed=test_seed, num_workers=num_workers)
+        shortest = self.generator.min_length
+        if not is_count(train_min_len, shortest):
+            raise ConfigError(
+                f"task.data.train_min_len={train_min_len!r} must be an integer of at least "
+                f"{shortest}, the shortest example {type(self.generator).__name__} can make"
+            )
+        require_counts("task.data", least=train_min_len, train_max_len=train_max_len)
+        longest = 4 * train_max_len if test_max_len is None else test_max_len
+        width = train_max_len if bucket is None else bucket
+        require_counts("task.data", least=train_max_len, test_max_len=longest)
+        require_counts("task.data", bucket=width)
+        self.arch, self.specials = arch, Specials.after(self.generator.symbols)
+        self.train_lengths = range(train_min_len, train_max_len + 1)
+        self.test_buckets = buckets(train_min_len, width, longest)
+        self.sizes = {"train": train_size, "valid": val_size, "test": test_size}
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.test_seed, self.seed, self.num_workers = test_seed, seed, num_workers
+
+    @functools.cached_property
+    def eval_sets(self) -> dict[str, list[Item]]:
+        """The validation and test examples (made once, on first use)."""
+        seed, sizes = self.test_seed, self.sizes
+        valid = drawn(self.generator, self.train_lengths, sizes["valid"], f"valid:{seed}", 0)
+        test = []
+        for index, lengths in enumerate(self.test_buckets):
+            end = lengths.stop - 1
+            test += drawn(self.generator, lengths, sizes["test"], f"test:{seed}:{end}", index)
+        return {"valid": valid, "test": test}
+
+    def bucket_ends(self, split: str) -> list[int]:
+        """The longest length of each bucket `split` is scored in: its metrics' names."""
+        buckets = [self.train_lengths] if split == "valid" else self.test_buckets
+        return [lengths.stop - 1 for lengths in buckets]
+
+    def has_split(self, split: str) -> bool:
+        return True  # generated: every split exists
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {
+            "vocab_size": self.generator.symbols + 3,
+            "specials": dataclasses.asdict(self.specials),
+            "arch": self.arch,
+        }
+
+    @property
+    def max_seq_len(self) -> int:
+        items = [item for found in self.eval_sets.values() for item in found]
+        if self.arch == "decoder":  # input SEP output: the EOS is never read
+            return max(len(i.input) + 1 + len(i.output) for i in items)
+        return max(max(len(i.input), len(i.output) + 1) for i in items)
+
+    def _world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = TrainExamples(self.generator, self.train_lengths, self.sizes["train"], self.seed)
+        world, rank = self._world()
+        sampler = ResumableSampler(
+            dataset, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
+        )
+        return ResumableLoader(
+            dataset, sampler=sampler, batch_size=self.batch_size, num_workers=self.num_workers,
+            collate_fn=functools.partial(collate, specials=self.specials, arch=self.arch),
+        )  # fmt: skip
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        items = self.eval_sets[split]
+        dataset = Batches(items, self.specials, self.arch)
+        world, rank = self._world()
+        batches = eval_batches(items, self.eval_batch_size)
+        sampler = TokenBatchSampler(batches, False, self.seed, world, rank)
+        return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("valid")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")

@@ -1,0 +1,77 @@
+"""`attnlab compare` on the synthetic tasks' runs: exact match by bucket of test lengths, a
+panel per task, and the heat map of tasks x configurations at each task's longest bucket.
+
+The runs are fakes laid out as attnlab.systems.synthetic leaves them: `test/acc@<len>` in
+csv/metrics.csv, the task's name in the stored config."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from test_compare import fake_run
+from test_compare_lm import is_png_image
+
+from attnlab.compare.lengths import by_task, longest_bucket_matrix
+from attnlab.compare.report import compare
+from attnlab.compare.runs import find_runs
+from attnlab.compare.seeds import configurations
+
+# task -> its bucket ends; pe -> exact match in each bucket, before the seed's shift
+BUCKETS = {"copy": (20, 40, 60, 80), "mqar": (64, 128)}
+ACCURACY = {"rope": (1.0, 0.5, 0.2, 0.1), "none": (1.0, 0.9, 0.8, 0.7)}
+
+
+def fake_synthetic_run(directory: Path, task: str, pe: str, seed: int) -> Path:
+    shift = 0.02 * seed
+    test = {"step": 11, "test/acc": 0.5}
+    for end, accuracy in zip(BUCKETS[task], ACCURACY[pe], strict=False):
+        test[f"test/acc@{end}"] = accuracy - shift
+    overrides = [f"task={task}", f"pe={pe}", f"seed={seed}"]
+    fake_run(directory, overrides, [{"step": 10, "val/acc": 1.0}, test])
+    config_file = directory / ".hydra" / "config.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    config["task"]["name"] = task
+    config_file.write_text(yaml.safe_dump(config))
+    return directory
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    jobs = [(task, pe, seed) for task in BUCKETS for pe in ACCURACY for seed in (0, 1)]
+    for job, (task, pe, seed) in enumerate(jobs):
+        if (task, pe) != ("mqar", "none"):  # a configuration that did not run every task
+            fake_synthetic_run(tmp_path / str(job), task, pe, seed)
+    return tmp_path
+
+
+def configs(sweep: Path):
+    return configurations(find_runs(sweep), ["task", "pe", "seed"])
+
+
+def test_configurations_are_grouped_by_task_and_named_without_it(sweep):
+    grouped = by_task(configs(sweep))
+    assert {task: list(found) for task, found in grouped.items()} == {
+        "copy": ["pe=rope", "pe=none"],
+        "mqar": ["pe=rope"],
+    }
+    assert all(len(config.runs) == 2 for found in grouped.values() for config in found.values())
+
+
+def test_the_heat_map_holds_each_tasks_longest_bucket_mean_over_seeds(sweep):
+    matrix, tasks, labels = longest_bucket_matrix(configs(sweep))
+    assert tasks == ["copy", "mqar"] and labels == ["pe=rope", "pe=none"]
+    assert matrix[0] == pytest.approx([0.1 - 0.01, 0.7 - 0.01])  # @80, seeds shifted 0 and 0.02
+    assert matrix[1][0] == pytest.approx(0.5 - 0.01)  # mqar's longest bucket is 128
+    assert math.isnan(matrix[1][1])  # never run: blank, not zero
+
+
+def test_compare_draws_accuracy_by_length_and_the_heat_map(sweep):
+    comparison = compare(sweep)
+    names = {path.name for path in comparison.plots}
+    assert {"acc_by_length.png", "acc_longest_bucket.png"} <= names
+    for name in ("acc_by_length.png", "acc_longest_bucket.png"):
+        assert is_png_image(sweep / name)
+    assert "test/acc@80" in (sweep / "comparison.md").read_text()

@@ -14,14 +14,20 @@ import yaml
 from test_compare import fake_run
 from test_compare_lm import is_png_image
 
-from attnlab.compare.lengths import by_task, longest_bucket_matrix
+from attnlab.compare.lengths import (
+    by_task,
+    longer_accuracy,
+    longest_bucket_matrix,
+    reciprocal_ranks,
+)
 from attnlab.compare.report import compare
+from attnlab.compare.results import generalization_table
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations
 
 # task -> its bucket ends; pe -> exact match in each bucket, before the seed's shift
 BUCKETS = {"copy": (20, 40, 60, 80), "mqar": (64, 128)}
-ACCURACY = {"rope": (1.0, 0.5, 0.2, 0.1), "none": (1.0, 0.9, 0.8, 0.7)}
+ACCURACY = {"rope": (1.0, 0.5, 0.2, 0.1), "none": (1.0, 0.9, 0.8, 0.7), "alibi": (1.0, 0.5)}
 
 
 def fake_synthetic_run(directory: Path, task: str, pe: str, seed: int) -> Path:
@@ -34,13 +40,14 @@ def fake_synthetic_run(directory: Path, task: str, pe: str, seed: int) -> Path:
     config_file = directory / ".hydra" / "config.yaml"
     config = yaml.safe_load(config_file.read_text())
     config["task"]["name"] = task
+    config["seed"] = seed
     config_file.write_text(yaml.safe_dump(config))
     return directory
 
 
 @pytest.fixture
 def sweep(tmp_path: Path) -> Path:
-    jobs = [(task, pe, seed) for task in BUCKETS for pe in ACCURACY for seed in (0, 1)]
+    jobs = [(task, pe, seed) for task in BUCKETS for pe in ("rope", "none") for seed in (0, 1)]
     for job, (task, pe, seed) in enumerate(jobs):
         if (task, pe) != ("mqar", "none"):  # a configuration that did not run every task
             fake_synthetic_run(tmp_path / str(job), task, pe, seed)
@@ -75,3 +82,34 @@ def test_compare_draws_accuracy_by_length_and_the_heat_map(sweep):
     for name in ("acc_by_length.png", "acc_longest_bucket.png"):
         assert is_png_image(sweep / name)
     assert "test/acc@80" in (sweep / "comparison.md").read_text()
+
+
+def test_each_configuration_is_ranked_per_task_and_seed_on_the_longer_buckets(sweep):
+    runs = {(run.setting("task.name"), run.value("pe"), run.setting("seed")): run
+            for run in find_runs(sweep)}  # fmt: skip
+    assert longer_accuracy(runs[("copy", "rope", "1")]) == pytest.approx(
+        (0.5 + 0.2 + 0.1) / 3 - 0.02
+    )
+    assert longer_accuracy(runs[("mqar", "rope", "0")]) == pytest.approx(0.5)
+    ranks = reciprocal_ranks(by_task(configs(sweep)))
+    # copy: none first, rope second, in both seeds; mqar: rope alone, first in both
+    assert sorted(ranks["pe=rope"]) == [0.5, 0.5, 1.0, 1.0]
+    assert ranks["pe=none"] == [1.0, 1.0]
+
+
+def test_tied_configurations_share_their_mean_rank(tmp_path):
+    for job, pe in enumerate(("rope", "alibi", "none")):
+        fake_synthetic_run(tmp_path / str(job), "mqar", pe, 0)
+    ranks = reciprocal_ranks(by_task(configs(tmp_path)))
+    assert ranks["pe=none"] == [1.0]  # 0.9 at 128
+    assert ranks["pe=rope"] == ranks["pe=alibi"] == pytest.approx([1 / 2.5])  # 0.5: ranks 2, 3
+
+
+def test_the_results_table_gives_each_bucket_with_its_interval_and_the_ranks(sweep):
+    table = generalization_table(configs(sweep))
+    assert "**copy**" in table and "**mqar**" in table
+    copy_rope = next(
+        line for line in table.splitlines() if line.startswith("| pe=rope | 2 | 0.990")
+    )
+    assert copy_rope.count("±") == 4  # a 95% interval in each of copy's four buckets
+    assert "| pe=none | 2 | 1.000 (1.000–1.000) |" in table  # first in both copy seeds

@@ -72,6 +72,29 @@ def test_an_unknown_variant_option_names_the_valid_ones():
         build(node, shape=None)
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("base", "abc", "'rope' option base='abc' must be a number"),
+        ("rotary_dim", True, "'rope' option rotary_dim=True must be an integer or null"),
+        ("rotary_dim", 2.5, "'rope' option rotary_dim=2.5 must be an integer or null"),
+        ("layout", 3, "'rope' option layout=3 must be a string"),
+    ],
+)
+def test_a_variant_option_of_the_wrong_type_is_one_sentence(option, value, message):
+    node = {"_target_": "attnlab.pe.rope.RoPE", "name": "rope", option: value}
+    with pytest.raises(ConfigError) as error:
+        build(node, shape=None)
+    assert str(error.value) == message
+
+
+def test_an_integer_is_a_number_for_an_option_that_takes_one():
+    from attnlab.config import fits
+
+    assert fits(["float"], 10000) and fits(["float", "None"], None)
+    assert not fits(["int"], True) and not fits(["float"], False) and not fits(["int"], 2.0)
+
+
 def test_help_and_cfg_job_work():
     help_text = run_cli("--help")
     assert help_text.returncode == 0 and "pe: " in help_text.stdout

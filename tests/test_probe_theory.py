@@ -1,4 +1,4 @@
-"""The seed article's claim, checked on the model itself (design notes §13).
+"""The seed article's claim (Su 2022, kexue.fm/archives/9105), checked on the model itself.
 
 With n identical tokens and no markers, a PE that only changes pre-softmax scores keeps the
 rows of softmax attention stochastic, so every position gets the same output in every
@@ -48,9 +48,10 @@ def spread_of(cfg: DictConfig, perturb_pe: bool = False) -> float:
     return (hidden - hidden[0]).abs().max().item()
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("synthesizer", options("synthesizer"))
-@pytest.mark.parametrize("pe", SCORE_ONLY_PES)
+@pytest.mark.parametrize(
+    "pe,synthesizer,causal",
+    every_combination(SCORE_ONLY_PES, options("synthesizer"), [False, True], strength=1),
+)
 def test_score_only_pes_and_synthesizers_give_identical_outputs_under_softmax(
     pe, synthesizer, causal, make_config
 ):
@@ -82,7 +83,7 @@ def test_urpe_breaks_the_symmetry_once_its_toeplitz_matrix_moves_from_one(make_c
 
 @pytest.mark.parametrize(
     "pe,norm,markers,causal",
-    every_combination(options("pe"), options("norm"), [False, True], [False, True]),
+    every_combination(options("pe"), options("norm"), [False, True], [False, True], strength=1),
 )
 def test_the_studies_prediction_says_which_configurations_give_position_dependent_outputs(
     pe, norm, markers, causal, make_config
@@ -93,7 +94,10 @@ def test_the_studies_prediction_says_which_configurations_give_position_dependen
         prediction = predict(cfg.pe, cfg.norm, cfg.synthesizer, markers, causal)
     if not causal and causal_only(pe):
         return
-    spread = spread_of(cfg, perturb_pe=True)
+    # "can tell positions apart" needs one instance, "cannot" must hold for every one: the
+    # init, and the PE moved as training would (which can also silence a relu² layer, whose
+    # weights are 0 wherever every score is negative: FIRE's perturbed biases do that)
+    spread = max(spread_of(cfg, perturb_pe=moved) for moved in (False, True))
     if prediction.distinguishes:
         assert spread > 1e-4, prediction.why
     else:

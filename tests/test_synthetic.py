@@ -138,6 +138,11 @@ def test_bad_settings_are_one_sentence(options, message):
         data(**options)
 
 
+def test_the_shared_defaults_alone_are_no_task():
+    with pytest.raises(ConfigError, match="generator is not set: choose a task"):
+        SyntheticData()
+
+
 def test_a_passkey_shorter_than_its_key_is_refused():
     passkey = {"_target_": "attnlab.tasks.passkey.Passkey", "key_digits": 5}
     with pytest.raises(

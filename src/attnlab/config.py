@@ -199,6 +199,40 @@ def own_class(target: Any) -> type:
     return found
 
 
+SCALARS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+
+
+def scalar_annotation(annotation: Any) -> list[str] | None:
+    """The names of `int | float | bool | str | None`-style annotations; None for any other."""
+    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    names = [name.strip() for name in text.split("|")]
+    return names if all(name in SCALARS or name == "None" for name in names) else None
+
+
+def fits(names: list[str], value: Any) -> bool:
+    """Whether `value` is of one of the scalar types `names` (an int is a float, a bool is
+    neither)."""
+    kinds = {
+        "None": value is None,
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": is_number(value),
+        "str": isinstance(value, str),
+    }
+    return any(kinds[name] for name in names)
+
+
+def check_types(label: str, cls: type, params: Mapping[str, Any]) -> None:
+    """ConfigError for the first option whose value is not of its scalar annotation's type
+    (options of other annotations are the class's to check)."""
+    accepted = inspect.signature(cls).parameters
+    for name, value in params.items():
+        names = scalar_annotation(accepted[name].annotation) if name in accepted else None
+        if names is not None and not fits(names, value):
+            wanted = " or ".join(SCALARS.get(n, "null") for n in names)
+            raise ConfigError(f"'{label}' option {name}={value!r} must be {wanted}")
+
+
 def build(node: Mapping[str, Any] | DictConfig, **context: Any) -> Any:
     """Call `node._target_` with the node's other keys (minus metadata) and `context`.
 
@@ -221,4 +255,5 @@ def build(node: Mapping[str, Any] | DictConfig, **context: Any) -> Any:
         raise ConfigError(
             f"'{label}' has no option {', '.join(unknown)}; its options are: {', '.join(valid)}"
         )
+    check_types(label, cls, params)
     return cls(**params, **context)

@@ -296,3 +296,31 @@ def plot_longest_bucket(configs: list[Configuration], path: Path) -> list[Path]:
         return []
     title = "test exact match in each task's longest bucket (mean over seeds)"
     return [save(heatmap_figure(np.array(matrix), tasks, labels, title), path)]
+
+
+def longer_accuracy(run: Run) -> float | None:
+    """A run's mean test exact match over its buckets past the first (the training lengths):
+    how well it generalizes to longer inputs; None without such buckets."""
+    found = by_length(run, ACCURACY)
+    longer = [found[end] for end in sorted(found)[1:]]
+    return sum(longer) / len(longer) if longer else None
+
+
+def reciprocal_ranks(grouped: dict[str, dict[str, Configuration]]) -> dict[str, list[float]]:
+    """label -> 1/rank of its configuration in each (task, seed) both ran, ranked by
+    `longer_accuracy`, best first, tied values sharing their mean rank (Kazemnejad et al.
+    2023, Fig. 1, rank exact match per task and seed and average 1/rank)."""
+    ranks: dict[str, list[float]] = {}
+    for found in grouped.values():
+        by_seed: dict[str, dict[str, float]] = {}
+        for label, config in found.items():
+            for run in config.runs:
+                score = longer_accuracy(run)
+                if score is not None:
+                    by_seed.setdefault(str(run.setting("seed")), {})[label] = score
+        for scores in by_seed.values():
+            for label, score in scores.items():
+                better = sum(other > score for other in scores.values())
+                tied = sum(other == score for other in scores.values())
+                ranks.setdefault(label, []).append(1 / (better + (tied + 1) / 2))
+    return ranks

@@ -24,6 +24,9 @@ differs from what the records give. The kinds of table, and their plot:
                     non-overlapping and in sliding windows, the mean and its 95% t interval
                     over the seeds, n/a past the model's positions; perplexity by length
                     (`attnlab.compare.lengths`)
+    generalization  the synthetic tasks: test exact match in each bucket of lengths per task,
+                    the mean and its 95% t interval over the seeds, and each configuration's
+                    mean reciprocal rank across tasks and seeds; exact match by length
 """
 
 from __future__ import annotations
@@ -34,7 +37,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.compare.lengths import STAGE, WINDOWS, lengths, plot_ppl_by_length, seeds_summary
+from attnlab.compare.lengths import (
+    ACCURACY,
+    STAGE,
+    WINDOWS,
+    by_task,
+    lengths,
+    plot_accuracy_by_length,
+    plot_ppl_by_length,
+    reciprocal_ranks,
+    seeds_summary,
+)
 from attnlab.compare.report import (
     Row,
     configurations_table,
@@ -169,6 +182,33 @@ def lengths_table(configs: list[Configuration]) -> str:
     return f"{legend}\n\n{markdown_table(rows)}"
 
 
+def generalization_table(configs: list[Configuration]) -> str:
+    """Per task and configuration: test exact match in each bucket (the first holds the
+    training lengths), the mean ± the half-width of its 95% t interval over the seeds; then
+    each configuration's mean reciprocal rank over the tasks and seeds."""
+    grouped = by_task(configs)
+    parts = []
+    for task, found in grouped.items():
+        runs = [run for config in found.values() for run in config.runs]
+        rows = []
+        for label, config in found.items():
+            cells: Row = {"configuration": label, "seeds": len(config.runs)}
+            for end in lengths(runs, ACCURACY):
+                cells[f"≤{end}"] = interval_summary(config.values(f"{ACCURACY}@{end}"))
+            rows.append(cells)
+        parts.append(f"**{task}**: test exact match by bucket of lengths\n\n{markdown_table(rows)}")
+    ranks = reciprocal_ranks(grouped)
+    rows = [
+        {"configuration": label, "ranked": len(found), "mean reciprocal rank": summary(found)}
+        for label, found in sorted(ranks.items(), key=lambda item: -sum(item[1]) / len(item[1]))
+    ]
+    legend = (
+        "**Mean reciprocal rank** over every task and seed: configurations ranked by exact "
+        "match in the buckets past the training lengths (their mean), ties sharing a rank"
+    )
+    return "\n\n".join([*parts, f"{legend}\n\n{markdown_table(rows)}"])
+
+
 @dataclass(frozen=True)
 class Kind:
     table: Callable[[list[Configuration]], str]
@@ -186,6 +226,7 @@ KINDS = {
     "extrapolation": Kind(extrapolation_table, plot_by_position, "accuracy by position", "probe"),
     "configurations": Kind(configurations_table, validation_loss, "validation loss by step"),
     "lengths": Kind(lengths_table, plot_ppl_by_length, "perplexity by evaluation length", "lm"),
+    "generalization": Kind(generalization_table, plot_accuracy_by_length, "exact match by length"),
 }
 
 

@@ -200,7 +200,7 @@ class SyntheticData(TaskData):
 
     def __init__(
         self,
-        generator: dict,
+        generator: dict | None = None,
         arch: str = "decoder",
         train_min_len: int = 1,
         train_max_len: int = 20,
@@ -216,6 +216,11 @@ class SyntheticData(TaskData):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
+        if generator is None:
+            raise ConfigError(
+                "task.data.generator is not set: choose a task that has one, e.g. task=copy "
+                "(copy, reverse, sort, addition, parity, mqar, passkey)"
+            )
         self.generator: Generator = build(generator)
         if arch not in ARCHS:
             raise ConfigError(f"task.arch={arch!r} is not one of: {', '.join(ARCHS)}")

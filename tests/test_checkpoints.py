@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, first_then_slow
 
 from attnlab.checkpoints import AtomicCheckpointIO
 from attnlab.config import ConfigError, to_dict
@@ -153,7 +153,7 @@ def test_stored_overrides_that_name_code_are_not_reused(checkpoint, tmp_path):
     )
 
 
-@pytest.mark.parametrize("size", [0, 1000, "half"])
+@pytest.mark.parametrize("size", first_then_slow(["half", 0, 1000]))
 def test_a_truncated_or_empty_checkpoint_is_one_sentence(size, checkpoint, tmp_path):
     data = checkpoint.read_bytes()
     cut = tmp_path / "cut.ckpt"

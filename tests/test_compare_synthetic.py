@@ -113,3 +113,12 @@ def test_the_results_table_gives_each_bucket_with_its_interval_and_the_ranks(swe
     )
     assert copy_rope.count("±") == 4  # a 95% interval in each of copy's four buckets
     assert "| pe=none | 2 | 1.000 (1.000–1.000) |" in table  # first in both copy seeds
+
+
+def test_a_configuration_without_its_tasks_longest_bucket_is_blank_there(sweep):
+    # alibi logged copy's buckets up to 40 only: its cell is not its own longest (40) bucket
+    fake_synthetic_run(sweep / "alibi", "copy", "alibi", 0)
+    matrix, tasks, labels = longest_bucket_matrix(configs(sweep))
+    assert tasks[0] == "copy" and labels[2] == "pe=alibi"
+    assert math.isnan(matrix[0][2])
+    assert matrix[0][0] == pytest.approx(0.1 - 0.01)

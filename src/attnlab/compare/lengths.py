@@ -244,9 +244,7 @@ def by_task(configs: list[Configuration]) -> dict[str, dict[str, Configuration]]
         if not lengths(config.runs, ACCURACY):
             continue
         task = str(config.runs[0].setting("task.name"))
-        rest = {key: value for key, value in config.setting.items() if key != "task"}
-        label = ",".join(f"{key}={value}" for key, value in rest.items() if value) or task
-        grouped.setdefault(task, {})[label] = config
+        grouped.setdefault(task, {})[config.label_without("task")] = config
     return grouped
 
 
@@ -274,18 +272,15 @@ def longest_bucket_matrix(
     configs: list[Configuration],
 ) -> tuple[list[list[float]], list[str], list[str]]:
     """Mean test exact match over seeds in each task's longest bucket: [tasks, labels] (NaN
-    where a configuration did not run a task), with the task and label names."""
+    where a configuration did not run a task or that bucket), with the task and label names."""
     grouped = by_task(configs)
     labels = list(dict.fromkeys(label for found in grouped.values() for label in found))
     matrix = []
     for found in grouped.values():
-        row = []
-        for label in labels:
-            config = found.get(label)
-            longest = max(lengths(config.runs, ACCURACY)) if config else None
-            values = config.values(f"{ACCURACY}@{longest}") if config else []
-            row.append(sum(values) / len(values) if values else math.nan)
-        matrix.append(row)
+        longest = max(lengths([run for c in found.values() for run in c.runs], ACCURACY))
+        values = [found[label].values(f"{ACCURACY}@{longest}") if label in found else []
+                  for label in labels]  # fmt: skip
+        matrix.append([sum(v) / len(v) if v else math.nan for v in values])
     return matrix, list(grouped), labels
 
 

@@ -27,7 +27,13 @@ class Configuration:
     def label(self) -> str:
         """Its swept overrides (those it has a value of); the run's name where nothing but the
         seed was swept."""
-        text = ",".join(f"{key}={value}" for key, value in self.setting.items() if value)
+        return self.label_without()
+
+    def label_without(self, *keys: str) -> str:
+        """Its label without the overrides of `keys` (the task, where a plot has a panel per
+        task); the run's name where nothing else was swept."""
+        found = self.setting.items()
+        text = ",".join(f"{key}={value}" for key, value in found if value and key not in keys)
         return text or self.runs[0].name
 
     def values(self, metric: str) -> list[float]:

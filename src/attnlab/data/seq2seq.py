@@ -342,8 +342,7 @@ class Seq2SeqDataModule(TaskData):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         dataset, batches = self.batched(split)
-        trainer = self.trainer
-        world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+        world, rank = self.world()
         sampler = TokenBatchSampler(batches, shuffle, self.seed, world, rank)
         return ResumableLoader(
             dataset, sampler=sampler, batch_size=None, collate_fn=collate,

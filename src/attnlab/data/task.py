@@ -25,6 +25,11 @@ class TaskData(L.LightningDataModule):
         """The longest sequence the model will be given, specials included."""
         raise NotImplementedError
 
+    def world(self) -> tuple[int, int]:
+        """(processes, this one's rank) of the trainer the data serves; (1, 0) outside one."""
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+
     def restore(self, checkpoint: dict[str, Any], stage: str) -> None:
         """Serve `stage` ("validate" or "test") with what the checkpoint's model was trained
         with beyond its weights (a vocabulary). Data with nothing of the kind: nothing."""

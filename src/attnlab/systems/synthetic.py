@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.config import ConfigError
 from attnlab.data.task import IGNORE, TaskData
 from attnlab.decoding import Decoder
 from attnlab.generation import continue_text
@@ -89,7 +90,7 @@ class SyntheticSystem(System):
     ) -> None:
         super().__init__(architecture, optim)
         if arch not in ARCHS:
-            raise ValueError(f"arch={arch!r} is not one of {ARCHS}")
+            raise ConfigError(f"task.arch={arch!r} is not one of: {', '.join(ARCHS)}")
         model, attention = self.architecture.model, self.architecture.attention
         self.specials = Specials(**specials)
         self.net: DecoderLM | EncoderDecoder = (

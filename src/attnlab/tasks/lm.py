@@ -368,15 +368,11 @@ class LMDataModule(TaskData):
         for split in self.splits:
             self.stream(split)
 
-    def _world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
-
     def train_dataloader(self) -> DataLoader:
         stream = self._require("train", self.block_size + 1)
         count = self.train_windows or max(1, len(stream) // self.block_size)
         dataset = TrainWindows(stream, self.block_size, count)
-        world, rank = self._world()
+        world, rank = self.world()
         sampler = WindowSampler(dataset, num_replicas=world, rank=rank, seed=self.seed)
         return ResumableLoader(
             dataset, sampler=sampler, batch_size=self.batch_size, num_workers=self.num_workers
@@ -392,7 +388,7 @@ class LMDataModule(TaskData):
     def _eval_loader(self, split: str) -> DataLoader:
         stream = self._require(split, 2)
         dataset = EvalWindows(stream, *self.evaluated(), self.stride, self.batch_tokens)
-        world, rank = self._world()
+        world, rank = self.world()
         sampler = TokenBatchSampler(dataset.batches, False, self.seed, world, rank)
         return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=self.num_workers)
 

@@ -97,8 +97,7 @@ class ProbeDataModule(TaskData):
         return [probe_example(n, self.markers) for n in range(shortest, longest + 1)]
 
     def _loader(self, data: list, shuffle: bool) -> DataLoader:
-        trainer = self.trainer
-        world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+        world, rank = self.world()
         sampler = ResumableSampler(
             data, num_replicas=world, rank=rank, shuffle=shuffle, seed=self.seed
         )

@@ -258,8 +258,8 @@ class SyntheticData(TaskData):
 
     def bucket_ends(self, split: str) -> list[int]:
         """The longest length of each bucket `split` is scored in: its metrics' names."""
-        buckets = [self.train_lengths] if split == "valid" else self.test_buckets
-        return [lengths.stop - 1 for lengths in buckets]
+        scored = [self.train_lengths] if split == "valid" else self.test_buckets
+        return [lengths.stop - 1 for lengths in scored]
 
     def has_split(self, split: str) -> bool:
         return True  # generated: every split exists
@@ -278,13 +278,9 @@ class SyntheticData(TaskData):
             return max(len(i.input) + 1 + len(i.output) for i in items)
         return max(max(len(i.input), len(i.output) + 1) for i in items)
 
-    def _world(self) -> tuple[int, int]:
-        trainer = self.trainer
-        return (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
-
     def train_dataloader(self) -> DataLoader:
         dataset = TrainExamples(self.generator, self.train_lengths, self.sizes["train"], self.seed)
-        world, rank = self._world()
+        world, rank = self.world()
         sampler = ResumableSampler(
             dataset, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
         )
@@ -296,7 +292,7 @@ class SyntheticData(TaskData):
     def _eval_loader(self, split: str) -> DataLoader:
         items = self.eval_sets[split]
         dataset = Batches(items, self.specials, self.arch)
-        world, rank = self._world()
+        world, rank = self.world()
         batches = eval_batches(items, self.eval_batch_size)
         sampler = TokenBatchSampler(batches, False, self.seed, world, rank)
         return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=self.num_workers)

@@ -176,9 +176,10 @@ FLEX_PES = {
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("queries", ["all", "a block"])
-@pytest.mark.parametrize("pe", FLEX_PES)
+@pytest.mark.parametrize(
+    "pe,queries,causal",
+    every_combination(list(FLEX_PES), ["all", "a block"], [False, True], strength=1),
+)
 def test_flex_attention_computes_what_the_plain_path_computes(pe, queries, causal):
     torch.manual_seed(0)
     parts = make_parts(FLEX_PES[pe], "softmax", "dot").double()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, first_then_slow
+from helpers import ROOT
 
 from attnlab.resume import RECORD_KEY, allowed_overrides
 
@@ -23,6 +23,10 @@ RUN = [
     "model=tiny", "trainer.max_epochs=1", "task.data.train_size=64", "task.data.max_len=8",
     "extras.print_config=false", "callbacks.progress_bar.refresh_rate=0",
 ]  # fmt: skip
+
+
+# a finished probe run's directory, as committed for the results tests
+RECORDED_RUN = ROOT / "tests/data/results/docs/results/runs/extrapolation_sample/2"
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +86,9 @@ def payloads(tmp_path: Path) -> dict[str, tuple[str, Path]]:
     }
 
 
-@pytest.mark.parametrize("program", first_then_slow(PROGRAMS))
-@pytest.mark.parametrize(
-    "payload", first_then_slow(["decode", "env", "unique", "nested", "log_dir"])
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("program", PROGRAMS)
+@pytest.mark.parametrize("payload", ["decode", "env", "unique", "nested", "log_dir"])
 def test_a_stored_value_is_a_literal_or_left_out(program, payload, trained, tmp_path):
     stored, would_make = payloads(tmp_path)[payload]
     run_dir = tampered(trained, tmp_path, [stored])
@@ -155,18 +158,17 @@ def test_a_checkpoint_whose_hyperparameters_name_other_code_is_refused(trained, 
     )
 
 
-def test_comparing_run_directories_runs_no_resolver_they_store(trained, tmp_path):
+def test_comparing_run_directories_runs_no_resolver_they_store(tmp_path):
     """Run a's pe is shown from its config (run b overrides pe), which someone edited."""
     runs = tmp_path / "runs"
-    shutil.copytree(trained, runs / "a")
-    shutil.copytree(trained, runs / "b")
+    for name, overrides in (("a", ""), ("b", "- pe=rope\n")):
+        shutil.copytree(RECORDED_RUN, runs / name)
+        (runs / name / ".hydra" / "overrides.yaml").write_text(f"- model=tiny\n{overrides}")
     made = tmp_path / "made"
     edited = runs / "a" / ".hydra" / "config.yaml"
     text = edited.read_text().replace("name: sinusoidal", "name: ${oc.env:ATTNLAB_SECRET}", 1)
     edited.write_text(text.replace("name: softmax", f"name: ${{unique:{made}}}", 1))
-    other = runs / "b" / ".hydra"
-    (other / "overrides.yaml").write_text((other / "overrides.yaml").read_text() + "- pe=rope\n")
-    config = other / "config.yaml"
+    config = runs / "b" / ".hydra" / "config.yaml"
     config.write_text(config.read_text().replace("name: sinusoidal", "name: rope", 1))
     result = subprocess.run(
         [str(Path(sys.executable).parent / "attnlab"), "compare", str(runs)],

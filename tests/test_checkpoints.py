@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, first_then_slow
+from helpers import ROOT
 
 from attnlab.checkpoints import AtomicCheckpointIO
 from attnlab.config import ConfigError, to_dict
-from attnlab.resume import RECORD_KEY, allowed_overrides, check_same_model
+from attnlab.resume import RECORD_KEY, allowed_overrides, check_same_model, read_checkpoint
 
 SHM = Path("/dev/shm")
 
@@ -153,7 +153,25 @@ def test_stored_overrides_that_name_code_are_not_reused(checkpoint, tmp_path):
     )
 
 
-@pytest.mark.parametrize("size", first_then_slow(["half", 0, 1000]))
+@pytest.mark.parametrize("size", ["half", 0, 1000])
+def test_reading_a_truncated_or_empty_checkpoint_says_so(size, tmp_path):
+    whole = tmp_path / "whole.ckpt"
+    AtomicCheckpointIO().save_checkpoint(
+        {RECORD_KEY: {"overrides": []}, "state_dict": {"w": torch.ones(4096)}}, whole
+    )
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.ckpt"
+    cut.write_bytes(data[: len(data) // 2 if size == "half" else size])
+    with pytest.raises(ConfigError) as refusal:
+        read_checkpoint(cut)
+    assert str(refusal.value).startswith(f"{cut} cannot be read as a checkpoint (")
+    assert str(refusal.value).endswith(
+        "it is truncated, not a checkpoint, or holds objects other than tensors and plain data"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["half", 0, 1000])
 def test_a_truncated_or_empty_checkpoint_is_one_sentence(size, checkpoint, tmp_path):
     data = checkpoint.read_bytes()
     cut = tmp_path / "cut.ckpt"

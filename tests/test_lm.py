@@ -164,12 +164,9 @@ def test_every_length_and_both_windowings_match_a_naive_loop_in_float64(make_con
                 assert count == len(ids) - 1
                 assert nll / count == pytest.approx(np.mean([loss for loss, _ in naive]), abs=1e-10)
             per = system.by_position[length]
+            windows = naive_losses(system.net, ids, length, length)
             for position in range(1, length + 1):
-                at = [
-                    loss
-                    for loss, p in naive_losses(system.net, ids, length, length)
-                    if p == position
-                ]
+                at = [loss for loss, p in windows if p == position]
                 assert per[1, position - 1] == len(at)
                 if at:
                     assert float(per[0, position - 1] / len(at)) == pytest.approx(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT, repeatable
+from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT, first_then_slow, repeatable
 
 from attnlab.cli import SAMPLE_RULE, main
 from attnlab.config import ARCHITECTURE, to_dict
@@ -243,7 +243,9 @@ def test_every_mistake_is_one_sentence(checkpoint, tmp_path, settings, expected)
     assert expected in message
 
 
-@pytest.mark.parametrize("settings", [["prompt=x"], ["ckpt_path={ckpt}", "decode.strategy=beam"]])
+@pytest.mark.parametrize(
+    "settings", first_then_slow([["prompt=x"], ["ckpt_path={ckpt}", "decode.strategy=beam"]])
+)
 def test_the_command_ends_a_mistake_with_one_line_and_a_failing_status(checkpoint, settings):
     filled = [s.format(ckpt=checkpoint) for s in settings]
     result = subprocess.run(
@@ -253,6 +255,7 @@ def test_the_command_ends_a_mistake_with_one_line_and_a_failing_status(checkpoin
     assert result.stderr.startswith("attnlab: ") and result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_the_generation_benchmark_runs_in_smoke_mode_and_leaves_benchmarks_md_alone(tmp_path):
     tracked = ROOT / "BENCHMARKS.md"
     copy = tmp_path / "BENCHMARKS.md"

@@ -21,6 +21,7 @@ from attnlab.config import ConfigError
 from attnlab.decoding import max_target_lengths
 
 CASES = [
+    (["model.dmodel=64"], "attnlab: model.dmodel is not a setting (did you mean model.d_model?): model has"),
     (["model.d_model=abc"], "attnlab: model.d_model='abc' must be a positive integer"),
     (["model.n_heads=0"], "attnlab: model.n_heads=0 must be a positive integer"),
     (["model.n_heads=-2"], "attnlab: model.n_heads=-2 must be a positive integer"),
@@ -32,7 +33,6 @@ CASES = [
     (["task.optim.betas=[0.9]"], "attnlab: task.optim.betas=[0.9] must be two numbers in [0, 1)"),
     (["decode.beam=0"], "attnlab: decode.beam=0 must be a positive integer"),
     (["decode.val_beam=0"], "attnlab: decode.val_beam=0 must be a positive integer"),
-    (["model.dmodel=64"], "attnlab: model.dmodel is not a setting (did you mean model.d_model?): model has"),
     (["trainer.max_epcohs=3"], "attnlab: trainer.max_epcohs is not a setting (did you mean trainer.max_epochs?)"),
     (["model.d_model=100", "model.n_heads=3"], "attnlab: model.d_model=100 is not divisible by model.n_heads=3"),
     (["run_dir=/nonexistent/run"], "attnlab: run_dir=/nonexistent/run has no checkpoints/last.ckpt to resume from"),

@@ -128,6 +128,7 @@ def test_a_new_run_in_a_directory_that_holds_a_run_changes_nothing(finished_swee
     assert files(finished_sweep) == before
 
 
+@pytest.mark.slow
 def test_a_sweep_into_a_directory_whose_jobs_hold_runs_changes_nothing(finished_sweep):
     before = files(finished_sweep)
 

@@ -167,11 +167,11 @@ def validation_accuracy(system, data) -> float:
 
 @pytest.mark.parametrize(
     ("arch", "steps"),
-    [("decoder", 1200), pytest.param("encoder_decoder", 1000, marks=pytest.mark.slow)],
+    [("decoder", 600), pytest.param("encoder_decoder", 1000, marks=pytest.mark.slow)],
 )
 def test_a_tiny_model_learns_to_copy_at_its_training_lengths(make_config, arch, steps):
     cfg = make_config(["task=copy", "model=tiny", "pe=learned", "model.dropout=0.0",
-                       f"task.arch={arch}", "task.data.train_max_len=8",
+                       f"task.arch={arch}", "task.data.train_max_len=6",
                        "task.data.generator.alphabet=8", "task.data.batch_size=32"])  # fmt: skip
     torch.manual_seed(0)
     data = run.build_datamodule(cfg)

@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import get_yaml_loader
 
 from attnlab import status
 from attnlab.status import RunStatus
@@ -141,6 +143,19 @@ def ending_in_nan(logged: dict[str, Series]) -> frozenset[str]:
     return frozenset(key for key, series in logged.items() if math.isnan(series[-1][1]))
 
 
+class RunFileLoader(yaml.CSafeLoader):
+    """libyaml's parser with OmegaConf's reading of scalars (`1e-3` is a float): a run's
+    files as OmegaConf.load reads them, about ten times faster over a study's hundreds of
+    runs."""
+
+    yaml_implicit_resolvers = get_yaml_loader().yaml_implicit_resolvers
+
+
+def load_yaml(path: Path) -> object:
+    with path.open(encoding="utf-8") as file:
+        return yaml.load(file, Loader=RunFileLoader)  # a safe loader: plain data only
+
+
 RESOLVER_CALL = re.compile(r"\$\{\s*[\w.-]+\s*:")  # ${oc.env:X}, ${unique:...}: code, not data
 
 
@@ -154,19 +169,19 @@ def _literal(value: object) -> object:
     return value
 
 
-def literal_config(config: DictConfig) -> DictConfig:
+def literal_config(config: dict) -> DictConfig:
     """A run's saved config with every resolver call made text: references between its keys
     (`${task.markers}`) still resolve, but reading a run directory never runs a resolver
     (`${oc.env:...}` would put the environment into a report, `${unique:...}` make a
     directory)."""
-    return OmegaConf.create(_literal(OmegaConf.to_container(config, resolve=False)))
+    return OmegaConf.create(_literal(config))
 
 
 def read_run(run_dir: Path, root: Path) -> Run:
     hydra_dir = run_dir / ".hydra"
     logged = read_logged(run_dir / "csv" / "metrics.csv")
     overrides_file = hydra_dir / "overrides.yaml"
-    overrides = OmegaConf.load(overrides_file) if overrides_file.is_file() else []
+    overrides = load_yaml(overrides_file) if overrides_file.is_file() else []
     return Run(
         path=run_dir,
         name=str(run_dir.relative_to(root)) if run_dir != root else run_dir.name,
@@ -175,7 +190,7 @@ def read_run(run_dir: Path, root: Path) -> Run:
             for key, value in map(parse_override, map(str, overrides))
             if not HOW_STARTED.fullmatch(key)
         },
-        config=literal_config(OmegaConf.load(hydra_dir / "config.yaml")),
+        config=literal_config(load_yaml(hydra_dir / "config.yaml")),
         metrics=numbers(logged),
         status=status.read(run_dir),
         nan=ending_in_nan(logged),

@@ -9,8 +9,8 @@ import pytest
 from helpers import ROOT, compose_config
 from hydra.core.hydra_config import HydraConfig
 
-from attnlab.config import ConfigError, build
-from attnlab.options import options
+from attnlab.config import ConfigError, build, to_dict
+from attnlab.options import COMPOSED_ALONE, options, variant
 
 GROUPS = [
     "task", "pe", "norm", "synthesizer", "block", "model", "trainer", "logger", "callbacks",
@@ -145,3 +145,12 @@ def test_scoring_more_probe_positions_than_the_model_predicts_is_one_sentence():
         ConfigError, match=r"positions up to 32 but the model predicts positions 1\.\.16"
     ):
         system.check_lengths(ProbeDataModule(max_len=16, eval_max_len=32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", COMPOSED_ALONE)
+def test_a_variant_composed_alone_is_the_node_a_run_gets(group, tmp_path):
+    for option in options(group):
+        assert variant(group, option) == to_dict(
+            compose_config([f"{group}={option}"], tmp_path)[group]
+        )

@@ -36,13 +36,22 @@ def variant(group: str, option: str, *overrides: str) -> dict[str, Any]:
     return copy.deepcopy(_variant(group, option, overrides))
 
 
+# Groups whose options are composed alone (the YAML and its own defaults list), about three
+# times faster than inside the training config, to the same node: their YAMLs refer to no
+# other group. A model option may pick a block (model/gau), so it is composed in "train".
+COMPOSED_ALONE = ("pe", "norm", "synthesizer", "block")
+
+
 @functools.cache
 def _variant(group: str, option: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+    alone = group in COMPOSED_ALONE
     GlobalHydra.instance().clear()  # compose outside any Hydra app this process ran
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(
-            "train", overrides=[f"{group}={option}", *(f"{group}.{o}" for o in overrides)]
-        )
+            None if alone else "train",
+            overrides=[f"{'+' if alone else ''}{group}={option}",
+                       *(f"{group}.{o}" for o in overrides)],
+        )  # fmt: skip
     GlobalHydra.instance().clear()
     return to_dict(cfg[group])
 

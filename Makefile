@@ -63,8 +63,9 @@ bench-lm: install ## nanoGPT's Shakespeare run over 3 seeds (vs its 1.88), Light
 bench-causal: install ## attnlab's causal LM vs nn.TransformerEncoder, eager and compiled -> BENCHMARKS.md
 	$(PY) benchmarks/causal.py
 
-bench-gpu: install ## on a CUDA machine: FlexAttention check, speed vs nn.Transformer and x-transformers, variants, decoding -> BENCHMARKS.md
+bench-gpu: install ## on a CUDA machine: FlexAttention check, speed vs nn.Transformer and x-transformers, variants, decoding, the causal stack in bf16 and on FlashAttention -> BENCHMARKS.md
 	$(PY) benchmarks/gpu.py check
 	$(PY) benchmarks/gpu.py speed
 	$(PY) benchmarks/gpu.py variants
 	$(PY) benchmarks/gpu.py decode
+	$(PY) benchmarks/causal.py --device cuda

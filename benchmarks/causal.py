@@ -2,6 +2,7 @@
 
     python benchmarks/causal.py             # both sizes, eager and compiled -> BENCHMARKS.md
     python benchmarks/causal.py --smoke     # tiny and eager only, no writing
+    python benchmarks/causal.py --device cuda   # on a GPU: bf16, and the FlashAttention check
 
 Both networks: token embeddings, learned positions added to them, N pre-LN blocks (GELU
 feed-forward, no dropout), a final LayerNorm and the output head tied to the embeddings.
@@ -21,6 +22,13 @@ Reported: each network's tokens/s over all rounds and the median ratio with its 
 Compiled: both networks through `torch.compile` (as model.compile=true does to attnlab's),
 after untimed steps that compile them. One torch thread by default (`--threads`): on 2 cores
 a second thread waits on any other process.
+
+On CUDA (`--device cuda`): the same race under bf16 autocast, each step synchronized, in its
+own section; and first a check that the causal stack with pe none, learned, sinusoidal and
+rope runs on SDPA's FlashAttention backend (every other backend disabled with
+`torch.nn.attention.sdpa_kernel`), forward and backward, its loss against the math
+backend's. pe=alibi, whose bias reaches SDPA as a tensor, is the control that must be
+refused there.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import documented, machine, report
@@ -93,32 +102,44 @@ class EncoderLM(nn.Module):
         return hidden @ self.embed.weight.t()
 
 
-def attnlab_lm(cfg: ModelConfig, context: int) -> DecoderLM:
+def attnlab_lm(cfg: ModelConfig, context: int, pe: str = "learned") -> DecoderLM:
+    overrides = (f"max_len={context}",) if pe == "learned" else ()
     attention = AttentionConfig(
-        variant("pe", "learned", f"max_len={context}"),
+        variant("pe", pe, *overrides),
         variant("norm", "softmax"),
         variant("synthesizer", "dot"),
     )
     return DecoderLM(cfg, attention, VOCAB)
 
 
+def lm_loss(net: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy, under bf16 autocast on CUDA (fp32 on the CPU)."""
+    cuda = batch.device.type == "cuda"
+    with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=cuda):
+        logits = net(batch[:, :-1])
+    return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+
+
 def train_step(net: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor) -> float:
-    """Seconds of one training step on `batch`."""
+    """Seconds of one training step on `batch` (synchronized on CUDA)."""
     start = time.perf_counter()
-    logits = net(batch[:, :-1])
-    F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
+    lm_loss(net, batch).backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if batch.device.type == "cuda":
+        torch.cuda.synchronize(batch.device)
     return time.perf_counter() - start
 
 
-def race(size: Size, compiled: bool, steps: int, rounds: int) -> dict[str, float | str]:
+def race(
+    size: Size, compiled: bool, steps: int, rounds: int, device: torch.device
+) -> dict[str, float | str]:
     """Tokens/s of both networks over alternating rounds, and their per-round ratios."""
     torch.manual_seed(0)
     nets = {
-        "attnlab": attnlab_lm(size.model, size.context),
-        "nn": EncoderLM(size.model, size.context),
+        "attnlab": attnlab_lm(size.model, size.context).to(device),
+        "nn": EncoderLM(size.model, size.context).to(device),
     }
     counts = {name: sum(p.numel() for p in net.parameters()) for name, net in nets.items()}
     if counts["attnlab"] != counts["nn"]:
@@ -130,7 +151,8 @@ def race(size: Size, compiled: bool, steps: int, rounds: int) -> dict[str, float
     runners = {name: torch.compile(net) if compiled else net for name, net in nets.items()}
     g = torch.Generator().manual_seed(0)
     batches = [
-        torch.randint(VOCAB, (size.batch, size.context + 1), generator=g) for _ in range(steps)
+        torch.randint(VOCAB, (size.batch, size.context + 1), generator=g).to(device)
+        for _ in range(steps)
     ]
     for name, net in runners.items():  # untimed: compiles, and warms the allocator
         for batch in batches[:2]:
@@ -155,23 +177,56 @@ def race(size: Size, compiled: bool, steps: int, rounds: int) -> dict[str, float
     }
 
 
-def section(rows: list[tuple[Size, str, dict]], steps: int, rounds: int) -> str:
+def flash_check(size: Size, device: torch.device) -> str:
+    """Table: whether each pe's causal stack trains on the FlashAttention backend alone, and
+    its loss there against the math backend's (same weights, same batch)."""
+    g = torch.Generator().manual_seed(0)
+    batch = torch.randint(VOCAB, (size.batch, size.context + 1), generator=g).to(device)
+    lines = ["| pe | FlashAttention only: forward + backward | loss (flash) | loss (math) |",
+             "|---|---|---|---|"]  # fmt: skip
+    for pe in ("none", "learned", "sinusoidal", "rope", "alibi"):
+        torch.manual_seed(0)
+        net = attnlab_lm(size.model, size.context, pe).to(device)
+        losses = []
+        for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH):
+            try:
+                with sdpa_kernel(backend):
+                    loss = lm_loss(net, batch)
+                    loss.backward()
+                losses.append(f"{loss.item():.4f}")
+            except RuntimeError as error:
+                losses.append("refused: " + str(error).strip().splitlines()[0][:80])
+        ran = "runs" if not losses[0].startswith("refused") else "refused"
+        lines.append(f"| {pe} | {ran} | {losses[0]} | {losses[1]} |")
+    return "\n".join(lines)
+
+
+def section(
+    rows: list[tuple[Size, str, dict]], steps: int, rounds: int, device: torch.device
+) -> str:
     lines = [
         f"| {size.name} | {mode} | {r['params']:,} | {r['attnlab']:.0f} | {r['nn']:.0f} | "
         f"**{r['median']:.3f}** ({r['range']}) |"
         for size, mode, r in rows
     ]
     table = "\n".join(lines)
-    return f"""## The causal stack against nn.TransformerEncoder (`make bench-causal`)
+    cuda = device.type == "cuda"
+    where = (
+        f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}" if cuda else machine()
+    )
+    precision = "bf16 autocast, each step synchronized" if cuda else "fp32"
+    target = "No target on a GPU (the issue's targets are this CPU's)." if cuda else (
+        "Target: ≥ 1.15 eager at both sizes.")  # fmt: skip
+    return f"""## The causal stack against nn.TransformerEncoder{" on a GPU" if cuda else ""} (`make bench-causal`)
 
-Command: `python benchmarks/causal.py{"".join(" " + a for a in sys.argv[1:])}` on {machine()}.
+Command: `python benchmarks/causal.py{"".join(" " + a for a in sys.argv[1:])}` on {where}.
 
 attnlab's `DecoderLM` (pe=learned, softmax, dot) and `nn.TransformerEncoder` with the same
 embeddings, learned positions, pre-LN blocks, final LayerNorm and tied head, called with a
-causal mask and `is_causal=True`; fp32, batch {rows[0][0].batch}, random tokens of a
+causal mask and `is_causal=True`; {precision}, batch {rows[0][0].batch}, random tokens of a
 65-symbol vocabulary; {rounds} rounds of {steps} training steps of each, alternating step
 by step (forward, backward, clipping, AdamW). Ratio: attnlab's tokens/s over the baseline's in each
-round, median (range). Target: ≥ 1.15 eager at both sizes.
+round, median (range). {target}
 
 | size | mode | parameters | attnlab tokens/s | nn.TransformerEncoder tokens/s | ratio |
 |---|---|---|---|---|---|
@@ -184,17 +239,38 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="training steps a round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, no writing")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda needs a CUDA GPU; leave it out to measure on the CPU")
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     sizes, (steps, rounds) = (SMOKE, (2, 1)) if args.smoke else (SIZES, (args.steps, args.rounds))
+    flash = ""
+    if device.type == "cuda":
+        flash = flash_check(sizes[0], device)
+        print(flash, flush=True)
     rows = []
     modes = ("eager",) if args.smoke else ("eager", "compiled")  # compiling takes minutes here
     for size in sizes:
         for mode in modes:
-            rows.append((size, mode, race(size, mode == "compiled", steps, rounds)))
+            rows.append((size, mode, race(size, mode == "compiled", steps, rounds, device)))
             print(f"{size.name}, {mode}: {rows[-1][2]}", flush=True)
-    report("causal-speed", section(rows, steps, rounds), documented(parser, args))
+    body = section(rows, steps, rounds, device)
+    if flash:
+        body += f"""
+### The causal path on FlashAttention
+
+pe none, learned, sinusoidal and rope at the first size, with SDPA restricted to one backend
+(`torch.nn.attention.sdpa_kernel`), one training step's forward and backward under bf16
+autocast; the loss on the same weights and batch with the math backend beside it. alibi is
+the control: its bias reaches SDPA as a tensor, which FlashAttention refuses.
+
+{flash}
+"""
+    name = "causal-speed" if device.type == "cpu" else "causal-speed-cuda"
+    report(name, body, documented(parser, args, free=("device",)))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from attnlab.cli import SAMPLE_RULE, main
 from attnlab.config import ARCHITECTURE, to_dict
 from attnlab.data.stream import SPECIALS, CharTokenizer
 from attnlab.decoding import DecodeConfig
-from attnlab.generation import Pick, continue_text, parse_request, picker
+from attnlab.generation import Pick, continue_text, load_language_model, parse_request, picker
 from attnlab.model.config import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.options import variant
@@ -26,6 +26,7 @@ from attnlab.systems.lm import LMSystem
 
 VOCAB = 13
 MAX_LEN = 32  # the positions of the checkpoints' pe=learned
+LEARNED = ("pe=learned", f"pe.max_len={MAX_LEN}")
 ATTNLAB = str(Path(sys.executable).parent / "attnlab")
 SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
 
@@ -80,12 +81,14 @@ def test_the_cache_changes_no_generated_token(pe, strategy):
         assert len(tokens[True].unique()) >= 4, "the samples vary"
 
 
-def save_lm_checkpoint(make_config, path: Path, *overrides: str) -> Path:
-    """A checkpoint of a random tiny language model (pe=learned with MAX_LEN positions, a
-    char tokenizer of TEXT) holding what train.py stores: weights, hyperparameters (plain
-    data), the run record and the tokenizer."""
-    cfg = make_config(["task=lm", "pe=learned", f"pe.max_len={MAX_LEN}", "model=tiny",
-                       "model.dropout=0.0", "model.init_std=0.2", *overrides])  # fmt: skip
+def save_lm_checkpoint(
+    make_config, path: Path, *overrides: str, pe: tuple[str, ...] = LEARNED
+) -> Path:
+    """A checkpoint of a random tiny language model (by default pe=learned with MAX_LEN
+    positions; a char tokenizer of TEXT) holding what train.py stores: weights,
+    hyperparameters (plain data), the run record and the tokenizer."""
+    cfg = make_config(["task=lm", *pe, "model=tiny", "model.dropout=0.0", "model.init_std=0.2",
+                       *overrides])  # fmt: skip
     tokenizer = CharTokenizer(TEXT)
     hyperparameters = {
         "architecture": {group: to_dict(cfg[group]) for group in ARCHITECTURE},
@@ -224,6 +227,12 @@ ERRORS = [
         "generate has no setting temperature: its settings are ckpt_path, prompt",
     ),
     (["ckpt_path={ckpt}", "decode.beam=2"], "generate has no setting decode.beam"),
+    (["ckpt_path={ckpt}", "pe.max_len=64"], "generate has no setting pe.max_len"),
+    (
+        ["ckpt_path={ckpt}", "pe.scaling=linear", "pe.scaling_factor=2"],
+        "pe.scaling, pe.scaling_factor cannot be set on {ckpt}: its model has pe=learned, "
+        "whose settings generate may change are none",
+    ),
     (
         ["ckpt_path={ckpt}", "prompt=O Romeo, Romeo!"],
         "cannot read 'prompt=O Romeo, Romeo!' as key=value: quote",
@@ -240,7 +249,23 @@ def test_every_mistake_is_one_sentence(checkpoint, tmp_path, settings, expected)
         main(["generate", *filled])
     message = str(stop.value.code)
     assert message.startswith("attnlab: ") and "\n" not in message
-    assert expected in message
+    assert expected.format(ckpt=checkpoint) in message
+
+
+def test_ropes_context_extension_reaches_the_model_and_its_mistakes_are_one_sentence(
+    make_config, tmp_path, capsys
+):
+    path = str(save_lm_checkpoint(make_config, tmp_path / "rope.ckpt", pe=("pe=rope",)))
+    plain = load_language_model(path).net.stack.parts.pe
+    linear = {"pe.scaling": "linear", "pe.scaling_factor": 4.0}
+    scaled = load_language_model(path, linear).net.stack.parts.pe
+    assert plain.scaling is None and scaled.scaling == "linear"
+    torch.testing.assert_close(scaled.frequencies, plain.frequencies / 4)  # θ' = θ / s
+    main(["generate", f"ckpt_path={path}", "pe.scaling=yarn", "pe.scaling_factor=2",
+          "pe.original_max_len=16", "max_new_tokens=20", "decode.strategy=greedy"])  # fmt: skip
+    assert len(capsys.readouterr().out) > 20
+    with pytest.raises(SystemExit, match=r"pe\.scaling=yarn needs pe\.original_max_len"):
+        main(["generate", f"ckpt_path={path}", "pe.scaling=yarn", "pe.scaling_factor=2"])
 
 
 @pytest.mark.parametrize(

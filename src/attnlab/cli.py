@@ -58,7 +58,9 @@ def parser() -> argparse.ArgumentParser:
         "the run's sample_prompt; \\n is a line break), max_new_tokens (default 200, or as "
         "many as the positions allow), samples (1), cache (true), decode.strategy (greedy, "
         "top_k, nucleus: the default), decode.top_k, decode.top_p, decode.temperature, "
-        "decode.seed (default: the run's).",
+        "decode.seed (default: the run's); for a RoPE model, the context extension eval.py "
+        "also takes: pe.scaling (linear, ntk, yarn), pe.scaling_factor, pe.original_max_len, "
+        "pe.yarn_alpha, pe.yarn_beta.",
     )
     generate.add_argument(
         "settings", nargs="*", metavar="KEY=VALUE", help="e.g. ckpt_path=<run>/checkpoints/"

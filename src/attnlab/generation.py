@@ -6,8 +6,10 @@ checks it). Tokens are picked greedily or drawn by attnlab.decoding's Sampler (t
 nucleus, temperature) with a generator of its own, so a seed gives the same text again.
 
 `attnlab generate ckpt_path=... [prompt=...] [max_new_tokens=N] [samples=N] [cache=false]
-[decode.strategy=greedy|top_k|nucleus] [decode.top_k|top_p|temperature|seed=...]` continues
-a prompt with a task=lm checkpoint. Its settings follow Hydra's override grammar (quote a
+[decode.strategy=greedy|top_k|nucleus] [decode.top_k|top_p|temperature|seed=...]
+[pe.scaling=linear|ntk|yarn pe.scaling_factor=... ...]` continues a prompt with a task=lm
+checkpoint; the `pe.*` settings are those eval.py may change on a checkpoint (RoPE's context
+extension), refused on a model whose pe has none. Its settings follow Hydra's override grammar (quote a
 value holding characters the grammar reserves: 'prompt="O Romeo, Romeo!"'), but nothing is
 composed: no config, no output directory, no interpolation. In the prompt, `\\n` and `\\t`
 stand for a line break and a tab. Defaults: the run's `sample_prompt`, 200 new tokens or as
@@ -32,6 +34,7 @@ from torch import Tensor
 from attnlab.config import ConfigError, is_count
 from attnlab.decoding import DecodeConfig, Sampler
 from attnlab.model.transformer import DecoderLM
+from attnlab.resume import EVALUATION_OPTIONS, evaluation_options, with_settings
 
 if TYPE_CHECKING:
     from attnlab.data.stream import StreamTokenizer
@@ -42,6 +45,7 @@ Pick = Callable[[Tensor], Tensor]  # log-probabilities [N, V] -> next tokens [N]
 
 SETTINGS = ("ckpt_path", "prompt", "max_new_tokens", "samples", "cache")
 DECODE_SETTINGS = ("strategy", "top_k", "top_p", "temperature", "seed")
+PE_SETTINGS = sorted({name for names in EVALUATION_OPTIONS.values() for name in names})
 TEXT_SETTINGS = ("ckpt_path", "prompt")  # read as written: prompt=true is the text "true"
 DEFAULT_NEW_TOKENS = 200
 ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -166,6 +170,7 @@ class Request:
     samples: int = 1
     cache: bool = True
     decode: dict[str, Any] = field(default_factory=dict)  # decode.* settings given
+    pe: dict[str, Any] = field(default_factory=dict)  # pe.* settings given, keys as written
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "samples"):
@@ -194,9 +199,14 @@ def parse_setting(arg: str) -> tuple[str, Any]:
     plain = override.type is OverrideType.CHANGE and override.package is None
     if not plain or override.is_sweep_override() or "=" not in arg:
         raise ConfigError(f"{arg!r} is not a plain key=value (one value per setting): {QUOTING}")
-    known = key in SETTINGS or (key.startswith("decode.") and key[7:] in DECODE_SETTINGS)
+    known = (
+        key in SETTINGS
+        or (key.startswith("decode.") and key[7:] in DECODE_SETTINGS)
+        or (key.startswith("pe.") and key.rsplit(".", 1)[1] in PE_SETTINGS)
+    )
     if not known:
-        names = [*SETTINGS, *(f"decode.{name}" for name in DECODE_SETTINGS)]
+        names = [*SETTINGS, *(f"decode.{name}" for name in DECODE_SETTINGS),
+                 *(f"pe.{name}" for name in PE_SETTINGS)]  # fmt: skip
         raise ConfigError(f"generate has no setting {key}: its settings are {', '.join(names)}")
     value = override.value()
     if key in TEXT_SETTINGS and not isinstance(value, str):
@@ -208,10 +218,13 @@ def parse_request(args: list[str]) -> Request:
     """The request of `attnlab generate`'s key=value arguments."""
     settings: dict[str, Any] = {}
     decode: dict[str, Any] = {}
+    pe: dict[str, Any] = {}
     for arg in args:
         key, value = parse_setting(arg)
         if key.startswith("decode."):
             decode[key[7:]] = value
+        elif key.startswith("pe."):
+            pe[key] = value
         else:
             settings[key] = value
     if "ckpt_path" not in settings:
@@ -223,7 +236,7 @@ def parse_request(args: list[str]) -> Request:
         settings["prompt"] = unescaped(settings["prompt"])
     if "strategy" in decode:
         check_strategy(decode["strategy"])
-    return Request(**settings, decode=decode)
+    return Request(**settings, decode=decode, pe=pe)
 
 
 def nested(node: Any, *keys: str) -> dict[str, Any]:
@@ -233,10 +246,25 @@ def nested(node: Any, *keys: str) -> dict[str, Any]:
     return node if isinstance(node, dict) else {}
 
 
-def load_language_model(path: str) -> LMSystem:
+def with_pe_settings(path: str, architecture: Any, settings: dict[str, Any]) -> Any:
+    """The stored `architecture` with the flattened pe `settings` set, or a ConfigError where
+    its pe has no such evaluation option (attnlab.resume.EVALUATION_OPTIONS)."""
+    changeable = evaluation_options(architecture if isinstance(architecture, dict) else {})
+    if refused := [key for key in settings if key not in changeable]:
+        pe = nested(architecture, "pe").get("name")
+        allowed = f"only {', '.join(changeable)}" if changeable else "none"
+        raise ConfigError(
+            f"{', '.join(refused)} cannot be set on {path}: its model has pe={pe}, whose "
+            f"settings generate may change are {allowed}"
+        )
+    return with_settings(architecture, settings)
+
+
+def load_language_model(path: str, pe_settings: dict[str, Any] | None = None) -> LMSystem:
     """The language model system a checkpoint holds, in eval mode, on the CPU; read as
     tensors and plain data, rebuilt from its hyperparameters (no code named by the file
-    runs, no interpolation is resolved)."""
+    runs, no interpolation is resolved), with `pe_settings` ({"pe.scaling": "yarn", ...})
+    set in its architecture."""
     from attnlab.config import own_class
     from attnlab.resume import RECORD_KEY, read_checkpoint
     from attnlab.systems.lm import LMSystem
@@ -255,6 +283,9 @@ def load_language_model(path: str) -> LMSystem:
         raise ConfigError(f"{path} holds no language model system to rebuild")
     accepted = inspect.signature(system_class).parameters
     arguments = {k: v for k, v in hyperparameters.items() if k in accepted}
+    if pe_settings:
+        stored = arguments.get("architecture")
+        arguments["architecture"] = with_pe_settings(path, stored, pe_settings)
     try:
         system = system_class(**arguments)
         system.on_load_checkpoint(checkpoint)
@@ -272,7 +303,7 @@ def load_language_model(path: str) -> LMSystem:
 def generate(args: list[str]) -> list[str]:
     """`attnlab generate`: the texts (prompt and continuation) that `args` ask for."""
     request = parse_request(args)
-    system = load_language_model(request.ckpt_path)
+    system = load_language_model(request.ckpt_path, request.pe)
     prompt = system.sample_prompt if request.prompt is None else request.prompt
     config = replace(system.decode_config, **{"strategy": "nucleus", **request.decode})
     if unknown := unknown_symbols(system, prompt):

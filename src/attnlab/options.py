@@ -36,24 +36,40 @@ def variant(group: str, option: str, *overrides: str) -> dict[str, Any]:
     return copy.deepcopy(_variant(group, option, overrides))
 
 
-# Groups whose options are composed alone (the YAML and its own defaults list), about 2.6
-# times faster than inside the training config, to the same node: their YAMLs refer to no
-# other group. A model option may pick a block (model/gau), so it is composed in "train".
+# Groups whose options are composed alone (the YAML and its own defaults list), to the same
+# node as inside the training config: their YAMLs refer to no other group. Every option of
+# them is composed in one compose, each at a package of its own, paying Hydra's fixed cost
+# once: 32 options in about 2 s instead of 11 s one by one. A model option may pick a block
+# (model/gau), so it is composed in "train".
 COMPOSED_ALONE = ("pe", "norm", "synthesizer", "block")
 
 
 @functools.cache
 def _variant(group: str, option: str, overrides: tuple[str, ...]) -> dict[str, Any]:
     alone = group in COMPOSED_ALONE
+    if alone and not overrides and option in options(group):
+        return _every_option_alone()[group][option]
+    return _composed(
+        None if alone else "train",
+        [f"{'+' if alone else ''}{group}={option}", *(f"{group}.{o}" for o in overrides)],
+        group,
+    )
+
+
+@functools.cache
+def _every_option_alone() -> dict[str, dict[str, Any]]:
+    """{group: {option: node}} for the groups of COMPOSED_ALONE, from one compose."""
+    packages = [f"+{g}@every.{g}.{o}={o}" for g in COMPOSED_ALONE for o in options(g)]
+    return _composed(None, packages, "every")
+
+
+def _composed(config_name: str | None, overrides: list[str], key: str) -> dict[str, Any]:
+    """Node `key` of a compose (resolved alone: the rest may refer to Hydra's runtime)."""
     GlobalHydra.instance().clear()  # compose outside any Hydra app this process ran
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(
-            None if alone else "train",
-            overrides=[f"{'+' if alone else ''}{group}={option}",
-                       *(f"{group}.{o}" for o in overrides)],
-        )  # fmt: skip
+        cfg = compose(config_name, overrides=overrides)
     GlobalHydra.instance().clear()
-    return to_dict(cfg[group])
+    return to_dict(cfg[key])
 
 
 def causal_only(pe: str) -> str | None:

@@ -25,7 +25,16 @@ TINY = ["model=tiny", "task.data.train_size=256", "task.data.max_len=8"]
 QUIET_OUTPUT = ["callbacks.progress_bar.refresh_rate=0", "extras.print_config=false"]
 
 
-@pytest.mark.parametrize("pe,norm", every_combination(options("pe"), options("norm"), strength=1))
+# make test runs an absolute, a rotary and a score-bias encoding end to end (every pe trains a
+# step in test_combinations); test-all runs every pe
+IN_MAKE_TEST = ("learned", "rope", "t5")
+
+
+@pytest.mark.parametrize(
+    "pe,norm",
+    [case if case.values[0] in IN_MAKE_TEST else pytest.param(*case.values, marks=pytest.mark.slow)
+     for case in every_combination(options("pe"), options("norm"), strength=1)],
+)  # fmt: skip
 def test_fast_dev_run_of_the_probe(pe, norm, make_config):
     causal = f"task.causal={bool(causal_only(pe))}"  # bidirectional where the pe can be
     metrics = train(make_config(["debug=fast", f"pe={pe}", f"norm={norm}", causal, *TINY]))

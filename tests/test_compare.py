@@ -16,6 +16,7 @@ from helpers import ROOT
 from wandb_records import read_offline_run
 
 from attnlab.compare.report import compare
+from attnlab.compare.runs import read_run
 from attnlab.config import ConfigError
 from attnlab.status import RunStatus
 
@@ -197,6 +198,14 @@ def test_a_directory_without_runs_is_one_sentence(tmp_path):
     assert result.stderr.strip() == (
         f"attnlab: {tmp_path / 'missing'} is not a directory: pass a run or a sweep directory"
     )
+
+
+def test_a_damaged_run_record_is_one_sentence_naming_its_file(tmp_path):
+    hydra = tmp_path / "run" / ".hydra"
+    hydra.mkdir(parents=True)
+    (hydra / "config.yaml").write_text("model: {d_model: 16\n")  # cut off mid-write
+    with pytest.raises(ConfigError, match=r"config\.yaml is damaged \(.*Error\): restore it"):
+        read_run(tmp_path / "run", tmp_path)
 
 
 @pytest.mark.slow

@@ -8,15 +8,15 @@ nucleus, temperature) with a generator of its own, so a seed gives the same text
 `attnlab generate ckpt_path=... [prompt=...] [max_new_tokens=N] [samples=N] [cache=false]
 [decode.strategy=greedy|top_k|nucleus] [decode.top_k|top_p|temperature|seed=...]
 [pe.scaling=linear|ntk|yarn pe.scaling_factor=... ...]` continues a prompt with a task=lm
-checkpoint; the `pe.*` settings are those eval.py may change on a checkpoint (RoPE's context
-extension), refused on a model whose pe has none. Its settings follow Hydra's override grammar (quote a
-value holding characters the grammar reserves: 'prompt="O Romeo, Romeo!"'), but nothing is
-composed: no config, no output directory, no interpolation. In the prompt, `\\n` and `\\t`
-stand for a line break and a tab. Defaults: the run's `sample_prompt`, 200 new tokens or as
-many as a bounded positional encoding leaves room for, one sample, the cache on, nucleus
-sampling with the run's decode settings. The checkpoint is read as tensors and plain data
-only (attnlab.resume.read_checkpoint); the model is rebuilt from its hyperparameters, its
-weights and its tokenizer.
+checkpoint; the `pe.*` settings are those eval.py may change on a checkpoint (RoPE's
+context extension), refused on a model whose pe has none. Its settings follow Hydra's
+override grammar (quote a value holding characters the grammar reserves:
+'prompt="O Romeo, Romeo!"'), but nothing is composed: no config, no output directory, no
+interpolation. In the prompt, `\\n` and `\\t` stand for a line break and a tab. Defaults:
+the run's `sample_prompt`, 200 new tokens or as many as a bounded positional encoding leaves
+room for, one sample, the cache on, nucleus sampling with the run's decode settings. The
+checkpoint is read as tensors and plain data only (attnlab.resume.read_checkpoint); the
+model is rebuilt from its hyperparameters, its weights and its tokenizer.
 """
 
 from __future__ import annotations

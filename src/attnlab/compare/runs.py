@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import get_yaml_loader
 
 from attnlab import status
+from attnlab.config import ConfigError
 from attnlab.status import RunStatus
 
 BY_POSITION = re.compile(r"(?P<stage>\w+)/acc_pos/(?P<position>\d+)")
@@ -152,8 +153,15 @@ class RunFileLoader(yaml.CSafeLoader):
 
 
 def load_yaml(path: Path) -> object:
-    with path.open(encoding="utf-8") as file:
-        return yaml.load(file, Loader=RunFileLoader)  # a safe loader: plain data only
+    """A run file's data, or a ConfigError naming the file where it is not YAML."""
+    try:
+        with path.open(encoding="utf-8") as file:
+            return yaml.load(file, Loader=RunFileLoader)  # a safe loader: plain data only
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            f"{path} is damaged ({type(error).__name__}): restore it, or move its run out of "
+            "the directory compared"
+        ) from None
 
 
 RESOLVER_CALL = re.compile(r"\$\{\s*[\w.-]+\s*:")  # ${oc.env:X}, ${unique:...}: code, not data

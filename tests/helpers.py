@@ -47,6 +47,19 @@ def compose_config(
     return cfg
 
 
+def evaluated(checkpoint: Path, output: Path, *overrides: str) -> dict[str, float]:
+    """eval.py's metrics for `checkpoint` with `overrides`, in this process (its stored
+    overrides first, as on the command line), writing under `output`."""
+    from attnlab.evaluate import evaluate
+    from attnlab.resume import evaluation_arguments
+
+    arguments = evaluation_arguments([f"ckpt_path={checkpoint}", *overrides])
+    try:
+        return evaluate(compose_config(arguments, output, "eval"))
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def make_parts(
     pe: str | dict = "none",
     norm: str | dict = "softmax",

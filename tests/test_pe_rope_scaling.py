@@ -13,21 +13,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, SHAPE, TEXT, compose_config, make_parts
+from helpers import ROOT, SHAPE, TEXT, compose_config, evaluated, make_parts
 from hydra.core.global_hydra import GlobalHydra
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import Attention, KVCache
 from attnlab.config import ConfigError, build
-from attnlab.evaluate import evaluate
 from attnlab.model.transformer import attention_mask
 from attnlab.options import variant
 from attnlab.pe.rope import RoPE, inverse_frequencies, rotate, yarn_temperature
 from attnlab.resume import (
     RECORD_KEY,
     check_same_model,
-    evaluation_arguments,
     evaluation_options,
 )
 from attnlab.train import train
@@ -346,15 +344,6 @@ def lm_checkpoint(tmp_path_factory) -> Path:
     train(compose_config(overrides, root / "run"))
     GlobalHydra.instance().clear()
     return root / "run" / "checkpoints" / "last.ckpt"
-
-
-def evaluated(checkpoint: Path, output: Path, *overrides: str) -> dict[str, float]:
-    """eval.py's metrics, in this process."""
-    arguments = evaluation_arguments([f"ckpt_path={checkpoint}", *overrides])
-    try:
-        return evaluate(compose_config(arguments, output, "eval"))
-    finally:
-        GlobalHydra.instance().clear()
 
 
 YARN = ["pe.scaling=yarn", "pe.scaling_factor=4", "pe.original_max_len=8"]

@@ -9,6 +9,7 @@ import itertools
 
 import pytest
 import torch
+from helpers import evaluated
 
 from attnlab import run
 from attnlab.config import ConfigError
@@ -24,6 +25,7 @@ from attnlab.tasks.synthetic import (
     collate,
     eval_batches,
 )
+from attnlab.train import train
 
 I = IGNORE  # noqa: E741
 SPECIALS = Specials.after(10)  # PAD 10, SEP 11, EOS 12
@@ -186,3 +188,24 @@ def test_a_tiny_model_learns_to_copy_at_its_training_lengths(make_config, arch, 
         optimizer.step()
     system.eval()
     assert validation_accuracy(system, data) > 0.9
+
+
+@pytest.mark.slow
+def test_eval_py_scores_a_trained_checkpoint_as_its_test_did_and_at_longer_lengths(
+    make_config, tmp_path
+):
+    overrides = ["task=copy", "model=tiny", "pe=alibi", "task.data.train_max_len=4",
+                 "task.data.test_max_len=8", "task.data.bucket=4", "task.data.train_size=64",
+                 "task.data.val_size=16", "task.data.test_size=8", "trainer.max_steps=4",
+                 "trainer.max_epochs=-1", "trainer.check_val_every_n_epoch=null",
+                 "trainer.val_check_interval=2"]  # fmt: skip
+    tested = train(make_config(overrides))
+    (best,) = (tmp_path / "checkpoints").glob("epoch_*.ckpt")
+    scored = evaluated(best, tmp_path / "eval")
+    assert {k: v for k, v in tested.items() if k.startswith("test/")} == scored
+    assert {"test/acc@4", "test/acc@8"} <= scored.keys()
+    longer = evaluated(best, tmp_path / "longer", "task.data.test_max_len=12")
+    assert longer["test/examples"] == 3 * 8
+    for name in ("acc@4", "acc@8", "token_acc@4", "token_acc@8"):  # the same fixed examples
+        assert longer[f"test/{name}"] == scored[f"test/{name}"]
+    assert 0 <= longer["test/token_acc@12"] <= 1

@@ -6,7 +6,8 @@ pe=none norm=softmax synthesizer=dot measured in the same run.
 The model is a 2-layer encoder (d_model 256, 4 heads, FFN 1024, batch 4) trained on a
 token-level loss, with the model's default attention settings (fused SDPA where it applies,
 recomputed query blocks of model.attention_chunk for long sequences); each variant changes
-one group from the baseline. Time is the fastest of `repeats` steps after a warm-up. Memory
+one group from the baseline. A pe that works in causal self-attention only (CoPE) is measured
+in a causal stack, its row marked "(causal)". Time is the fastest of `repeats` steps after a warm-up. Memory
 is the peak of live tensor bytes during one step, parameters included: the CPU analogue of
 torch.cuda.max_memory_allocated, replayed from the profiler's allocation and free events
 (peak RSS would also count what the C allocator keeps after a free). Writes BENCHMARKS.md
@@ -33,7 +34,7 @@ from benchmarks_common import documented, machine, report
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import Tagger
-from attnlab.options import options, shrink, variant
+from attnlab.options import causal_only, options, shrink, variant
 
 BASELINE = {"pe": "none", "norm": "softmax", "synthesizer": "dot"}
 BATCH, VOCAB = 4, 1000
@@ -64,7 +65,7 @@ def measure(
     torch.manual_seed(0)
     nodes = {g: shrink(variant(g, o), max_len=length) for g, o in choice.items()}
     attention = AttentionConfig(nodes["pe"], nodes["norm"], nodes["synthesizer"])
-    model = Tagger(cfg, attention, VOCAB, VOCAB, causal=False)
+    model = Tagger(cfg, attention, VOCAB, VOCAB, causal=in_causal_stack(choice))
     tokens = torch.randint(1, VOCAB, (BATCH, length))
 
     def step() -> None:
@@ -82,14 +83,18 @@ def measure(
     return min(times), (peak_tensor_bytes(step) + parameters) / 2**20
 
 
+def in_causal_stack(choice: dict[str, str]) -> bool:
+    """Whether `choice` is measured in a causal stack: where its pe works there only."""
+    return causal_only(choice["pe"]) is not None
+
+
 def variants() -> list[tuple[str, dict[str, str]]]:
     rows = [("baseline (none, softmax, dot)", BASELINE)]
     for group in ("pe", "norm", "synthesizer"):
-        rows += [
-            (f"{group}={option}", {**BASELINE, group: option})
-            for option in options(group)
-            if option != BASELINE[group]
-        ]
+        for option in options(group):
+            choice = {**BASELINE, group: option}
+            if option != BASELINE[group]:
+                rows.append((f"{group}={option}" + " (causal)" * in_causal_stack(choice), choice))
     return rows
 
 
@@ -120,7 +125,8 @@ on {machine()}.
 forward + backward of a token-level loss, default attention settings (fused SDPA where it
 applies; recomputed blocks of `model.attention_chunk` = {cfg.attention_chunk} queries for longer
 sequences). Each row changes one group from the baseline; ratios to the baseline measured in the same run
-({absolute}). Memory: peak live tensor bytes of one step, parameters included.
+({absolute}); a row marked (causal) is a pe that works in causal self-attention only, measured
+in a causal stack. Memory: peak live tensor bytes of one step, parameters included.
 
 {table}
 """

@@ -43,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).parent))
 from attention import BASELINE as BASE_CHOICE
-from attention import variants
+from attention import in_causal_stack, variants
 from benchmarks_common import documented, report
 from translation import BASELINE, TorchTransformer
 
@@ -224,7 +224,8 @@ def measure_variant(choice, flex: bool, length: int, scale: Scale, device, repea
     cfg = replace(scale.model, n_layers=2, dropout=0.0, flex_attention=flex, attention_chunk=None)
     attention = AttentionConfig(nodes["pe"], nodes["norm"], nodes["synthesizer"])
     try:
-        model = Tagger(cfg, attention, scale.vocab, scale.vocab, causal=False).to(device)
+        model = Tagger(cfg, attention, scale.vocab, scale.vocab, causal=in_causal_stack(choice))
+        model = model.to(device)
         batch = max(1, scale.tokens // length)
         tokens = torch.randint(1, scale.vocab, (batch, length), device=device)
 

@@ -17,6 +17,8 @@ from helpers import ROOT, SHARED_DATA
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from benchmarks_common import NOT_WRITING, documented, report
 
+from attnlab.options import causal_only, options
+
 TRACKED = ROOT / "BENCHMARKS.md"
 
 
@@ -54,7 +56,10 @@ def test_the_gpu_benchmarks_run_in_smoke_mode_on_the_cpu(what, tmp_path):
 @pytest.mark.slow
 def test_the_attention_benchmark_runs_in_smoke_mode(tmp_path):
     result = run_smoke("attention.py", "--smoke", tmp_path=tmp_path)
-    assert any(row.startswith("| pe=learned | ") for row in table_rows(result.stdout))
+    labels = {row.split(" | ")[0].removeprefix("| ") for row in table_rows(result.stdout)}
+    for pe in set(options("pe")) - {"none"}:  # a causal-only pe in a causal stack, marked so
+        assert f"pe={pe}" + " (causal)" * (causal_only(pe) is not None) in labels
+    assert "pe=cope (causal)" in labels
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ def test_test_lengths_fall_into_buckets_named_by_their_longest(first, width, lon
 
 
 def data(**options) -> SyntheticData:
-    return SyntheticData(COPY, **{"val_size": 16, "test_size": 8, **options})
+    return SyntheticData(COPY, **{"train_max_len": 20, "val_size": 16, "test_size": 8, **options})
 
 
 def test_evaluation_sets_depend_on_the_test_seed_alone():

@@ -203,7 +203,7 @@ class SyntheticData(TaskData):
         generator: dict | None = None,
         arch: str = "decoder",
         train_min_len: int = 1,
-        train_max_len: int = 20,
+        train_max_len: int = 8,
         test_max_len: int | None = None,
         bucket: int | None = None,
         train_size: int = 20000,

@@ -7,7 +7,8 @@ The model is a 2-layer encoder (d_model 256, 4 heads, FFN 1024, batch 4) trained
 token-level loss, with the model's default attention settings (fused SDPA where it applies,
 recomputed query blocks of model.attention_chunk for long sequences); each variant changes
 one group from the baseline. A pe that works in causal self-attention only (CoPE, xPos) is
-measured in a causal stack, its row marked "(causal)". Time is the fastest of `repeats` steps
+measured in a causal stack, its row marked "(causal)" and its ratios taken to the baseline
+measured in the same causal stack (the "baseline ... (causal)" row). Time is the fastest of `repeats` steps
 after a warm-up. Memory is the peak of live tensor bytes during one step, parameters
 included: the CPU analogue of torch.cuda.max_memory_allocated, replayed from the profiler's
 allocation and free events (peak RSS would also count what the C allocator keeps after a
@@ -37,6 +38,8 @@ from attnlab.model.transformer import Tagger
 from attnlab.options import causal_only, options, shrink, variant
 
 BASELINE = {"pe": "none", "norm": "softmax", "synthesizer": "dot"}
+BASELINE_LABEL = "baseline (none, softmax, dot)"
+CAUSAL = " (causal)"
 BATCH, VOCAB = 4, 1000
 MODEL = ModelConfig(Standard(), d_model=256, n_heads=4, n_layers=2, d_ff=1024, dropout=0.0)
 SMOKE_MODEL = replace(MODEL, d_model=32, n_heads=2, n_layers=1, d_ff=64)
@@ -59,13 +62,13 @@ def peak_tensor_bytes(step) -> int:
 
 
 def measure(
-    choice: dict[str, str], length: int, repeats: int, cfg: ModelConfig
+    choice: dict[str, str], causal: bool, length: int, repeats: int, cfg: ModelConfig
 ) -> tuple[float, float]:
     """(seconds per forward+backward, peak memory in MiB) of one configuration."""
     torch.manual_seed(0)
     nodes = {g: shrink(variant(g, o), max_len=length) for g, o in choice.items()}
     attention = AttentionConfig(nodes["pe"], nodes["norm"], nodes["synthesizer"])
-    model = Tagger(cfg, attention, VOCAB, VOCAB, causal=in_causal_stack(choice))
+    model = Tagger(cfg, attention, VOCAB, VOCAB, causal=causal)
     tokens = torch.randint(1, VOCAB, (BATCH, length))
 
     def step() -> None:
@@ -83,17 +86,26 @@ def measure(
     return min(times), (peak_tensor_bytes(step) + parameters) / 2**20
 
 
-def in_causal_stack(choice: dict[str, str]) -> bool:
-    """Whether `choice` is measured in a causal stack: where its pe works there only."""
-    return causal_only(choice["pe"]) is not None
+def in_causal_stack(label: str) -> bool:
+    """Whether the row `label` is measured in a causal stack."""
+    return label.endswith(CAUSAL)
+
+
+def baseline_of(label: str) -> str:
+    """The row that `label`'s ratios are taken to: the baseline in the same kind of stack."""
+    return BASELINE_LABEL + CAUSAL * in_causal_stack(label)
 
 
 def variants() -> list[tuple[str, dict[str, str]]]:
-    rows = [("baseline (none, softmax, dot)", BASELINE)]
+    """Each row's label and choice: the baseline in an encoder and in a causal stack, then
+    one group changed at a time, in a causal stack where the pe works there only."""
+    rows = [(BASELINE_LABEL, BASELINE), (BASELINE_LABEL + CAUSAL, BASELINE)]
     for group in ("pe", "norm", "synthesizer"):
         for option in [o for o in options(group) if o != BASELINE[group]]:
             choice = {**BASELINE, group: option}
-            rows.append((f"{group}={option}" + " (causal)" * in_causal_stack(choice), choice))
+            rows.append(
+                (f"{group}={option}" + CAUSAL * (causal_only(choice["pe"]) is not None), choice)
+            )
     return rows
 
 
@@ -103,13 +115,14 @@ def section(
     repeats: int,
     cfg: ModelConfig,
 ) -> str:
-    base = results["baseline (none, softmax, dot)"]
+    base = results[BASELINE_LABEL]
     header = "| variant | " + " | ".join(f"time ×, L={n}" for n in lengths) + " | "
     header += " | ".join(f"memory ×, L={n}" for n in lengths) + " |"
     lines = [header, "|---" * (1 + 2 * len(lengths)) + "|"]
     for label, by_length in results.items():
-        times = [f"{by_length[n][0] / base[n][0]:.2f}" for n in lengths]
-        memory = [f"{by_length[n][1] / base[n][1]:.2f}" for n in lengths]
+        reference = results[baseline_of(label)]
+        times = [f"{by_length[n][0] / reference[n][0]:.2f}" for n in lengths]
+        memory = [f"{by_length[n][1] / reference[n][1]:.2f}" for n in lengths]
         lines.append(f"| {label} | " + " | ".join(times + memory) + " |")
     absolute = "; ".join(
         f"L={n}: {base[n][0] * 1000:.0f} ms, {base[n][1]:.0f} MiB" for n in lengths
@@ -125,7 +138,7 @@ forward + backward of a token-level loss, default attention settings (fused SDPA
 applies; recomputed blocks of `model.attention_chunk` = {cfg.attention_chunk} queries for longer
 sequences). Each row changes one group from the baseline; ratios to the baseline measured in the same run
 ({absolute}); a row marked (causal) is a pe that works in causal self-attention only, measured
-in a causal stack. Memory: peak live tensor bytes of one step, parameters included.
+in a causal stack, its ratios to the baseline in that stack. Memory: peak live tensor bytes of one step, parameters included.
 
 {table}
 """
@@ -139,12 +152,14 @@ def main() -> None:
     args = parser.parse_args()
     lengths, repeats = ([16], 1) if args.smoke else (args.lengths, args.repeats)
     cfg = SMOKE_MODEL if args.smoke else MODEL
-    measure(BASELINE, max(lengths), 1, cfg)  # warm up threads and the allocator, discarded
+    measure(BASELINE, False, max(lengths), 1, cfg)  # warm up threads and the allocator, discarded
     results: dict[str, dict[int, tuple[float, float]]] = {}
     for label, choice in variants():
         results[label] = {}
         for length in lengths:
-            seconds, mib = results[label][length] = measure(choice, length, repeats, cfg)
+            seconds, mib = results[label][length] = measure(
+                choice, in_causal_stack(label), length, repeats, cfg
+            )
             print(
                 f"{label:36s} L={length:5d}  {seconds * 1000:8.1f} ms  {mib:8.1f} MiB", flush=True
             )

@@ -43,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).parent))
 from attention import BASELINE as BASE_CHOICE
-from attention import in_causal_stack, variants
+from attention import BASELINE_LABEL, baseline_of, in_causal_stack, variants
 from benchmarks_common import documented, report
 from translation import BASELINE, TorchTransformer
 
@@ -201,30 +201,34 @@ def speed_rows(scale: Scale, label: str, shape, device: torch.device, repeats: i
 def variant_rows(
     lengths: list[int], scale: Scale, device: torch.device, repeats: int, only: list[str]
 ):
-    """Every variant's (seconds, MiB) per length; with `only`, the baseline and the rows
+    """Every variant's (seconds, MiB) per length; with `only`, the baselines and the rows
     whose label contains one of its words."""
     rows = [(label, choice, scale.model.flex_attention) for label, choice in variants()]
     rows += [(f"pe={pe}{' ' + ' '.join(o) if o else ''}, flex on", {**BASE_CHOICE, "pe": pe}, True)
              for pe, o in FLEX_PES.items()]  # fmt: skip
     if only:
-        rows = [r for i, r in enumerate(rows) if i == 0 or any(w in r[0] for w in only)]
+        rows = [r for r in rows if r[0].startswith(BASELINE_LABEL) or any(w in r[0] for w in only)]
     results: dict[str, dict[int, str | tuple[float, float]]] = {}
     for label, choice, flex in rows:
         results[label] = {}
         for length in lengths:
-            results[label][length] = measure_variant(choice, flex, length, scale, device, repeats)
+            results[label][length] = measure_variant(
+                choice, in_causal_stack(label), flex, length, scale, device, repeats
+            )
             print(label, length, results[label][length], flush=True)
     return results
 
 
-def measure_variant(choice, flex: bool, length: int, scale: Scale, device, repeats: int):
+def measure_variant(
+    choice, causal: bool, flex: bool, length: int, scale: Scale, device, repeats: int
+):
     nodes = {g: shrink(variant(g, o, *FLEX_PES.get(o, ()) if g == "pe" else ()), length)
              for g, o in choice.items()}  # fmt: skip
     torch.manual_seed(0)
     cfg = replace(scale.model, n_layers=2, dropout=0.0, flex_attention=flex, attention_chunk=None)
     attention = AttentionConfig(nodes["pe"], nodes["norm"], nodes["synthesizer"])
     try:
-        model = Tagger(cfg, attention, scale.vocab, scale.vocab, causal=in_causal_stack(choice))
+        model = Tagger(cfg, attention, scale.vocab, scale.vocab, causal=causal)
         model = model.to(device)
         batch = max(1, scale.tokens // length)
         tokens = torch.randint(1, scale.vocab, (batch, length), device=device)
@@ -245,7 +249,6 @@ def measure_variant(choice, flex: bool, length: int, scale: Scale, device, repea
 
 
 def variants_table(results, lengths: list[int]) -> str:
-    base = results["baseline (none, softmax, dot)"]
     head = " | ".join(f"time ×, L={n}" for n in lengths) + " | "
     head += " | ".join(f"memory ×, L={n}" for n in lengths)
     lines = [f"| variant | {head} |", "|---" * (1 + 2 * len(lengths)) + "|"]
@@ -253,7 +256,7 @@ def variants_table(results, lengths: list[int]) -> str:
         cells = []
         for index in (0, 1):
             for n in lengths:
-                value, reference = by_length[n], base[n]
+                value, reference = by_length[n], results[baseline_of(label)][n]
                 ok = isinstance(value, tuple) and isinstance(reference, tuple)
                 cells.append(f"{value[index] / max(reference[index], 1e-9):.2f}" if ok else "OOM")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

@@ -60,6 +60,7 @@ def test_the_attention_benchmark_runs_in_smoke_mode(tmp_path):
     for pe in set(options("pe")) - {"none"}:  # a causal-only pe in a causal stack, marked so
         assert f"pe={pe}" + " (causal)" * (causal_only(pe) is not None) in labels
     assert "pe=cope (causal)" in labels
+    assert "baseline (none, softmax, dot) (causal)" in labels  # what the causal rows divide by
 
 
 @pytest.mark.slow

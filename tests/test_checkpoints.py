@@ -18,7 +18,13 @@ from helpers import ROOT
 
 from attnlab.checkpoints import AtomicCheckpointIO
 from attnlab.config import ConfigError, to_dict
-from attnlab.resume import RECORD_KEY, allowed_overrides, check_same_model, read_checkpoint
+from attnlab.resume import (
+    RECORD_KEY,
+    allowed_overrides,
+    check_same_model,
+    read_checkpoint,
+    stored_overrides,
+)
 
 SHM = Path("/dev/shm")
 
@@ -89,6 +95,26 @@ def test_training_writes_checkpoints_through_the_atomic_io(make_config):
 )
 def test_only_allowed_stored_overrides_are_reused(override, kept):
     assert allowed_overrides([override], "a checkpoint") == ([override] if kept else [])
+
+
+DIALOGUE = "attnlab.tasks.dialogue.DialogueDataModule"
+
+
+@pytest.mark.parametrize(
+    "data,added",
+    [
+        ({"_target_": DIALOGUE, "seed": 2}, ["task.data.data_seed=2"]),  # before data_seed
+        ({"_target_": DIALOGUE, "seed": 2, "data_seed": 0}, []),  # recorded with it
+        ({"_target_": "attnlab.tasks.probe.ProbeDataModule", "seed": 2}, []),  # no data seed
+        ({"_target_": DIALOGUE, "seed": "${oc.env:HOME}"}, []),  # never a stored string
+    ],
+)
+def test_a_run_recorded_before_data_seed_keeps_the_data_its_seed_drew(data, added):
+    record = {
+        "overrides": ["seed=2"],
+        "config": {"paths": {"root_dir": "/r"}, "task": {"data": data}},
+    }
+    assert stored_overrides(record) == ["seed=2", *added]
 
 
 @pytest.fixture(scope="module")

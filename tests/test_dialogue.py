@@ -123,6 +123,59 @@ def test_long_contexts_keep_their_latest_tokens_and_markers_stay_whole(tmp_path)
     assert text.endswith("blah blah") and not text.startswith("<a> hello"), "the start is cut"
 
 
+def test_local_files_with_all_three_splits_are_used_as_given(tmp_path, caplog):
+    talks = [conversation(n, 3) for n in range(30)]
+    for split, rows in (("train", talks[:20]), ("validation", talks[20:25]), ("test", talks[25:])):
+        write_dialogues(tmp_path / "dd", split, [dialogue_line(t) for t in rows])
+    with caplog.at_level(logging.INFO):
+        module = DialogueDataModule(
+            source="local", dir=str(tmp_path / "dd"), cache_dir=str(tmp_path / "c"), **SMALL
+        )
+    normalized = [tuple(map(normalize, t)) for t in talks]
+    got = module.corpus.conversations
+    assert (got["train"], got["valid"], got["test"]) == (
+        normalized[:20],
+        normalized[20:25],
+        normalized[25:],
+    )
+    assert "its own train, validation and test splits, as given" in caplog.text
+    assert "pooled" not in caplog.text
+
+
+def test_a_test_conversation_that_repeats_a_training_one_is_dropped():
+    talks = [conversation(n, 3) for n in range(4)]
+    given = dialogue.given_splits(
+        {"train": talks[:2], "valid": [talks[2]], "test": [talks[3], talks[0]]}, min_turns=3
+    )
+    assert given["test"] == [tuple(map(normalize, talks[3]))]
+
+
+def test_local_files_without_a_test_split_are_pooled_and_resplit_with_a_warning(tmp_path, caplog):
+    talks = [conversation(n, 3) for n in range(40)]
+    write_dialogues(tmp_path / "dd", "train", [dialogue_line(t) for t in talks[:30]])
+    write_dialogues(tmp_path / "dd", "validation", [dialogue_line(t) for t in talks[30:]])
+    with caplog.at_level(logging.WARNING):
+        module = DialogueDataModule(
+            source="local", dir=str(tmp_path / "dd"), cache_dir=str(tmp_path / "c"), **SMALL
+        )
+    assert "has no test split: its 40 conversations are pooled and split" in caplog.text
+    assert sum(len(c) for c in module.corpus.conversations.values()) == 40
+
+
+def test_every_run_seed_gets_the_same_split_and_tokenizer(tmp_path):
+    """A seed sweep varies initialization and batch order, not the data: task.data.data_seed
+    draws the split, and runs of seeds 1 and 2 share their test set and tokenizer."""
+    talks = [conversation(n, 3) for n in range(60)]
+    write_dialogues(tmp_path / "dd", "train", [dialogue_line(t) for t in talks])
+    common = {"source": "local", "dir": str(tmp_path / "dd"), "cache_dir": str(tmp_path / "c")}
+    small = {**common, **SMALL, "vocab_size": 36}
+    modules = [DialogueDataModule(seed=seed, **small) for seed in (1, 2)]
+    assert modules[0].corpus.conversations == modules[1].corpus.conversations
+    assert modules[0].tokenizers.src.key == modules[1].tokenizers.src.key
+    other = DialogueDataModule(data_seed=1, **small)
+    assert other.corpus.conversations["test"] != modules[0].corpus.conversations["test"]
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 

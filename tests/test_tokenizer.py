@@ -127,6 +127,13 @@ def test_a_vocabulary_larger_than_the_text_supports_is_a_config_error(tmp_path):
     assert not any(p.is_dir() for p in tmp_path.iterdir()), "a failed training leaves no entry"
 
 
+def test_a_vocabulary_smaller_than_the_texts_characters_is_a_config_error(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"vocab_size=8 cannot hold every character of the training text .* raise"
+    ):
+        load_or_train(tmp_path, CORPUS, TokenizerSettings(8), lambda: TEXT, num_threads=2)
+
+
 @pytest.mark.parametrize(
     "options,message",
     [

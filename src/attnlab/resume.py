@@ -49,6 +49,11 @@ EVALUATION_OPTIONS = {
         "scaling", "scaling_factor", "original_max_len", "yarn_alpha", "yarn_beta",
     ),
 }  # fmt: skip
+# data modules that draw their data (a split, a train_size sample) with task.data.data_seed;
+# their runs recorded before it existed drew it with task.data.seed, the run's seed
+DATA_SEEDED = (
+    "attnlab.tasks.dialogue.DialogueDataModule", "attnlab.tasks.translation.TranslationDataModule",
+)  # fmt: skip
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
 
@@ -173,9 +178,22 @@ def check_data_present(stored: list[str], args: list[str], program: str) -> None
 
 
 def stored_overrides(record: dict[str, Any]) -> list[str]:
-    """The record's overrides that may be applied again, data locations made absolute."""
+    """The record's overrides that may be applied again, data locations made absolute, and
+    the data seed of a run recorded before `task.data.data_seed` existed."""
     kept = allowed_overrides(record["overrides"], "the checkpoint")
-    return absolute_locations(kept, record["config"]["paths"]["root_dir"])
+    located = absolute_locations(kept, record["config"]["paths"]["root_dir"])
+    return located + earlier_data_seed(record["config"])
+
+
+def earlier_data_seed(config: dict[str, Any]) -> list[str]:
+    """`task.data.data_seed=<its seed>` for a run recorded before that setting existed, whose
+    data (dialogue's split of conversations, a train_size sample) was drawn with its
+    task.data.seed: evaluated or resumed, it keeps the data it was trained and tested on."""
+    data = (config.get("task") or {}).get("data") or {}
+    seed = data.get("seed")
+    if data.get("_target_") in DATA_SEEDED and "data_seed" not in data and type(seed) is int:
+        return [f"task.data.data_seed={seed}"]
+    return []
 
 
 def evaluation_arguments(args: list[str]) -> list[str]:

@@ -242,12 +242,18 @@ def train_sentencepiece(
             minloglevel=2,  # SentencePiece logs every EM step otherwise
         )
     except RuntimeError as error:
-        if "Vocabulary size too high" not in str(error):
-            raise
-        raise ConfigError(
-            f"task.data.vocab_size={settings.vocab_size} is more than {len(sentences)} "
-            f"training sentences can fill ({str(error).split('] ')[-1]}): lower vocab_size"
-        ) from None
+        reason = str(error).split("] ")[-1].split(". Increase")[0]
+        if "Vocabulary size too high" in str(error):
+            raise ConfigError(
+                f"task.data.vocab_size={settings.vocab_size} is more than {len(sentences)} "
+                f"training sentences can fill ({reason}): lower vocab_size"
+            ) from None
+        if "smaller than required_chars" in str(error):
+            raise ConfigError(
+                f"task.data.vocab_size={settings.vocab_size} cannot hold every character of the "
+                f"training text and the special symbols ({reason}): raise vocab_size"
+            ) from None
+        raise
 
 
 def load_or_train(

@@ -12,8 +12,9 @@ calls `prepare_data`). A whole cache is checked against its record and read with
 so a read-only shared cache serves (attnlab.tokenizer.build_once).
 
 Batching (`Batching`): training pairs longer than `max_len` tokens or with a token-count
-ratio above `max_len_ratio` are dropped (and counted); `train_size` keeps a random sample.
-Training batches are cut from a shuffled, chunk-wise length-sorted order once per run; each
+ratio above `max_len_ratio` are dropped (and counted); `train_size` keeps a random sample,
+drawn with `data_seed` (fixed across run seeds: a seed sweep varies initialization and batch
+order, never the data). Training batches are cut from a shuffled, chunk-wise length-sorted order once per run; each
 epoch visits every batch once, in a new order. Validation and test keep every pair, sorted by
 length, with sequences over `max_eval_len` tokens cut to it (their lines logged). Every
 batch holds at most `max_tokens` padded tokens (B * (S + T)); the padding fraction is logged.
@@ -85,6 +86,7 @@ class Batching:
     train_size: int | None = None
     sort_chunk: int = 100_000
     cut_sources: bool = False  # cut long sources to their end instead of dropping the pair
+    data_seed: int = 0  # draws the train_size sample; the batch order follows the run's seed
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_len, int) and self.max_len >= 3):
@@ -304,7 +306,7 @@ class Seq2SeqDataModule(TaskData):
                     f"task.data.train_size={b.train_size} exceeds the {len(rows)} training "
                     "pairs left after filtering: lower it, or set null to use them all"
                 )
-            rng = np.random.default_rng(self.seed)
+            rng = np.random.default_rng(b.data_seed)
             rows = np.sort(rng.choice(rows, b.train_size, replace=False))
         cut = b.max_len if b.cut_sources else None
         dataset = PairDataset(data, rows, cut=cut, keep_end=b.cut_sources)

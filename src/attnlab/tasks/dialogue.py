@@ -4,8 +4,8 @@ Sources (`source`):
   chitchat  the BYU Chit-Chat corpus shipped by the PyPI package chitchat-dataset (offline):
             each conversation is a list of turns, a turn the utterances of one sender, which
             are joined into one text; conversations with other than two speakers are dropped.
-  local     DailyDialog files `{dir}/dialogues.{split}.txt` (whichever of train, validation,
-            test exist): one dialogue a line, each turn ended by `__eou__`.
+  local     DailyDialog files `{dir}/dialogues.{split}.txt` (train, and whichever of
+            validation and test exist): one dialogue a line, each turn ended by `__eou__`.
   hub       a Hugging Face dataset (`dataset`, `revision`) with DailyDialog's `dialog` column
             (attnlab.data.hub: an unreachable hub stops at once, naming the local source).
 
@@ -14,9 +14,14 @@ collapsed, and the space DailyDialog puts before punctuation removed ("day , rig
 "day, right?").
 
 Conversations: empty turns are dropped; conversations with fewer than `min_turns` turns, and
-exact duplicates of an earlier conversation, are dropped (every count logged). The rest are
-shuffled with `seed` and split by conversation (`valid_share`, `test_share` of them), so no
-conversation is in two splits, whatever splits the source came in.
+exact duplicates of an earlier conversation, are dropped (every count logged). A source with
+train, validation and test splits of its own (DailyDialog's three files, or the hub's) keeps
+them as they are; a test conversation that repeats a training one is dropped as a duplicate.
+Otherwise (Chit-Chat, which has no splits; local files without dialogues.test.txt: said in a
+warning) the conversations are pooled, shuffled with `data_seed` and split by conversation
+(`valid_share`, `test_share` of them), so no conversation is in two splits. `data_seed` is
+fixed across run seeds: runs of every seed share the split, the tokenizer and the test set,
+and differ in initialization and batch order (`seed`) only.
 
 Examples: every turn after the first is a response; its context is the `context_turns` turns
 before it, each after its speaker's marker (<a> for the conversation's first speaker, <b>
@@ -49,6 +54,7 @@ SOURCES = ("chitchat", "local", "hub")
 SPEAKERS = ("<a>", "<b>")  # the markers of the first and the second speaker
 END_OF_TURN = "__eou__"
 Conversation = tuple[str, ...]
+SPLIT_NAMES = {"train": "train", "valid": "validation", "test": "test"}  # as DailyDialog's files
 BEFORE_PUNCTUATION = re.compile(r" (?=[,.!?;:%)])")
 
 
@@ -57,7 +63,9 @@ def normalize(text: str) -> str:
     return BEFORE_PUNCTUATION.sub("", " ".join(text.split()))
 
 
-Read = tuple[list[Conversation], dict[str, Any], str]  # conversations, identity, description
+# conversations by split (the source's own: train, and valid and test where it has them),
+# identity, description
+Read = tuple[dict[str, list[Conversation]], dict[str, Any], str]
 
 
 def chitchat_conversations(digests: Path) -> Read:
@@ -78,7 +86,7 @@ def chitchat_conversations(digests: Path) -> Read:
     dropped = len(data) - len(conversations)
     log.info("chitchat: dropped %d conversations without exactly two speakers", dropped)
     identity = {"source": "chitchat", "sha256": file_digest(Path(data.path), digests)}
-    return conversations, identity, f"chitchat-dataset {data.path}"
+    return {"train": conversations}, identity, f"chitchat-dataset {data.path}"
 
 
 def dailydialog_line(line: str, path: Path, number: int) -> Conversation:
@@ -92,41 +100,48 @@ def dailydialog_line(line: str, path: Path, number: int) -> Conversation:
 
 
 def dailydialog_files(directory: str | None, digests: Path) -> Read:
-    """The dialogues of `{directory}/dialogues.{train,validation,test}.txt`, pooled."""
+    """The dialogues of `{directory}/dialogues.{train,validation,test}.txt`, by split."""
     hint = "pass task.data.dir=<directory with dialogues.train.txt>"
     if directory is None:
         raise ConfigError(f"task.data.source=local needs a directory: {hint}")
     root = Path(directory).expanduser().resolve()
-    files = [root / f"dialogues.{split}.txt" for split in ("train", "validation", "test")]
-    files = [path for path in files if path.is_file()]
-    if not root.is_dir() or root / "dialogues.train.txt" not in files:
+    files = {split: root / f"dialogues.{name}.txt" for split, name in SPLIT_NAMES.items()}
+    files = {split: path for split, path in files.items() if path.is_file()}
+    if not root.is_dir() or "train" not in files:
         raise ConfigError(f"task.data.dir={directory} has no dialogues.train.txt: {hint}")
-    conversations = [
-        dailydialog_line(line, path, number)
-        for path in files
-        for number, line in enumerate(read_lines(path), 1)
-        if line
-    ]
-    identity = {"source": "local", "sha256": [file_digest(path, digests) for path in files]}
-    names = ",".join(path.name.split(".")[1] for path in files)
-    return conversations, identity, f"{root}/dialogues.{{{names}}}.txt"
+    conversations = {
+        split: [
+            dailydialog_line(line, path, number)
+            for number, line in enumerate(read_lines(path), 1)
+            if line
+        ]
+        for split, path in files.items()
+    }
+    identity = {
+        "source": "local",
+        "sha256": [file_digest(path, digests) for path in files.values()],
+    }
+    found = ",".join(SPLIT_NAMES[split] for split in files)
+    return conversations, identity, f"{root}/dialogues.{{{found}}}.txt"
 
 
 def hub_conversations(dataset: str | None, revision: str | None, cache_dir: Path) -> Read:
-    """The `dialog` column of every split of a hub dataset, pooled."""
+    """The `dialog` column of every split of a hub dataset, by split."""
     if not dataset:
         raise ConfigError("task.data.source=hub needs task.data.dataset=<hub name>")
     hint = (
         "without network, pass task.data.source=local task.data.dir=<dir with dialogues.train.txt>"
     )
     data = load_hub(dataset, None, revision, cache_dir, hint)
-    names = [name for split in SPLITS for name in HUB_SPLIT_NAMES[split] if name in data]
-    if not names or "dialog" not in data[names[0]].column_names:
+    names = {split: name for split in SPLITS for name in HUB_SPLIT_NAMES[split] if name in data}
+    if not names or "dialog" not in data[next(iter(names.values()))].column_names:
         raise ConfigError(
             f"{dataset!r} has no `dialog` column of turns in its splits ({list(data)}): "
             "check task.data.dataset"
         )
-    conversations = [tuple(turns) for name in names for turns in data[name]["dialog"]]
+    conversations = {
+        split: [tuple(turns) for turns in data[name]["dialog"]] for split, name in names.items()
+    }
     identity = {"source": "hub", "dataset": dataset, "revision": revision}
     return conversations, identity, f"hub dataset {dataset}"
 
@@ -148,9 +163,12 @@ def read_conversations(
     return hub_conversations(dataset, revision, cache / "hf")
 
 
-def clean(conversations: list[Conversation], min_turns: int) -> list[Conversation]:
-    """Normalized turns, empty ones dropped; short and duplicate conversations dropped."""
-    kept, seen = [], set()
+def clean(
+    conversations: list[Conversation], min_turns: int, seen: set[Conversation] | None = None
+) -> list[Conversation]:
+    """Normalized turns, empty ones dropped; short conversations dropped, and those already
+    in `seen` (earlier in the list, or in the splits cleaned before with the same set)."""
+    kept, seen = [], set() if seen is None else seen
     empty_turns = short = duplicates = 0
     for conversation in conversations:
         turns = tuple(normalize(turn) for turn in conversation)
@@ -193,18 +211,40 @@ def examples(conversation: Conversation, context_turns: int) -> Iterator[tuple[s
         yield context, conversation[t]
 
 
+def given_splits(
+    by_split: dict[str, list[Conversation]], min_turns: int
+) -> dict[str, list[Conversation]]:
+    """A source's own three splits, each cleaned; a conversation repeating one of an earlier
+    split (train, then valid, then test) is dropped as a duplicate."""
+    seen: set[Conversation] = set()
+    return {split: clean(by_split[split], min_turns, seen) for split in SPLITS}
+
+
 class DialogueCorpus:
     """The Corpus (attnlab.data.corpus) of one source's conversations, cleaned and split."""
 
     def __init__(
         self, read: Read, min_turns: int, context_turns: int, shares: tuple[float, float], seed: int
     ) -> None:
-        conversations, identity, self.source = read
+        by_split, identity, self.source = read
+        self.given = set(by_split) == set(SPLITS)
         self.settings = {
             "conversations": identity, "min_turns": min_turns, "context_turns": context_turns,
-            "shares": list(shares), "seed": seed,
+            "shares": None if self.given else list(shares), "seed": None if self.given else seed,
         }  # fmt: skip
-        self.conversations = split_conversations(clean(conversations, min_turns), *shares, seed)
+        if self.given:
+            log.info("%s: its own train, validation and test splits, as given", self.source)
+            self.conversations = given_splits(by_split, min_turns)
+        else:
+            pooled = [c for split in SPLITS for c in by_split.get(split, [])]
+            if identity["source"] != "chitchat":  # Chit-Chat has no splits of its own
+                log.warning(
+                    "%s has no %s split: its %d conversations are pooled and split by "
+                    "conversation, shares %s of them to validation and test (data_seed=%d)",
+                    self.source, " or ".join(SPLIT_NAMES[s] for s in SPLITS if s not in by_split),
+                    len(pooled), "/".join(map(str, shares)), seed,
+                )  # fmt: skip
+            self.conversations = split_conversations(clean(pooled, min_turns), *shares, seed)
         self.examples = {
             split: [pair for c in convs for pair in examples(c, context_turns)]
             for split, convs in self.conversations.items()
@@ -218,7 +258,7 @@ class DialogueCorpus:
         return {**self.settings, "split": split}
 
     def describe(self, split: str) -> str:
-        return f"{self.source} ({split} share)"
+        return f"{self.source} ({split} {'split' if self.given else 'share'})"
 
     def has(self, split: str) -> bool:
         return True
@@ -254,6 +294,7 @@ class DialogueDataModule(Seq2SeqDataModule):
         max_eval_len: int = 256,
         train_size: int | None = None,
         sort_chunk: int = 100_000,
+        data_seed: int = 0,
         seed: int = 0,
         num_workers: int = 0,
         num_threads: int | None = None,
@@ -271,7 +312,8 @@ class DialogueDataModule(Seq2SeqDataModule):
                 )
         cache = Path(cache_dir).expanduser().resolve()
         read = read_conversations(source, dir, dataset, revision, cache)
-        corpus = DialogueCorpus(read, min_turns, context_turns, (valid_share, test_share), seed)
+        shares = (valid_share, test_share)
+        corpus = DialogueCorpus(read, min_turns, context_turns, shares, data_seed)
         super().__init__(
             corpus,
             ("context", "response"),
@@ -279,7 +321,14 @@ class DialogueDataModule(Seq2SeqDataModule):
             True,
             tokenizer_pairs,
             Batching(
-                max_tokens, max_len, None, max_eval_len, train_size, sort_chunk, cut_sources=True
+                max_tokens,
+                max_len,
+                None,
+                max_eval_len,
+                train_size,
+                sort_chunk,
+                cut_sources=True,
+                data_seed=data_seed,
             ),
             cache,
             seed,

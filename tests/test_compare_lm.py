@@ -22,7 +22,7 @@ from attnlab.compare.lengths import applicable, position_bands, ppl_bands
 from attnlab.compare.report import compare
 from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
-from attnlab.compare.seeds import configurations, interval, interval_summary
+from attnlab.compare.seeds import configurations, interval, summary
 from attnlab.config import ConfigError
 
 LENGTHS = (32, 64, 128)
@@ -107,13 +107,14 @@ def test_a_length_past_the_models_positions_reads_n_a_and_every_other_a_number(t
     assert "n/a: an evaluation length longer than the run's model has positions for" in document
 
 
-def test_the_table_by_configuration_gives_the_mean_and_range_over_seeds_and_n_a(tmp_path):
+def test_the_table_by_configuration_gives_the_mean_and_interval_over_seeds_and_n_a(tmp_path):
     compare(study(tmp_path))
     document = (tmp_path / "comparison.md").read_text()
     rope = next(line for line in document.splitlines() if line.startswith("| rope |"))
     learned = next(line for line in document.splitlines() if line.startswith("| learned |"))
-    assert "| 15.000 (10.000–20.000) | 18.000 (12.000–24.000) | 30.000 (20.000–40.000) |" in rope
-    assert "| 12.000 (8.000–16.000) | 13.500 (9.000–18.000) | n/a |" in learned
+    # two seeds: t(0.975, 1) = 12.706 times s / √2, half their difference
+    assert "| 15.000 ± 63.531 | 18.000 ± 76.237 | 30.000 ± 127.062 |" in rope
+    assert "| 12.000 ± 50.825 | 13.500 ± 57.178 | n/a |" in learned
     assert "nan" not in learned
 
 
@@ -149,7 +150,7 @@ def test_a_nan_at_a_length_the_model_can_take_is_nan_not_n_a(tmp_path):
     assert [rows["1"][f"test/ppl@{n}"] for n in LENGTHS] == ["12.0", "13.0", "nan"]
     document = (tmp_path / "comparison.md").read_text()
     assert "n/a" not in document
-    assert "| 11.000 (10.000–12.000) | 13.000; 1 nan | nan |" in document
+    assert "| 11.000 ± 12.706 | 13.000 (1 seed: no interval); 1 nan | nan |" in document
 
 
 def test_without_lengths_json_the_configs_max_len_decides_what_is_n_a(tmp_path):
@@ -178,14 +179,14 @@ def test_a_synthesizers_max_len_bounds_the_positions_too(tmp_path):
 @pytest.mark.parametrize(
     ("values", "half", "text"),
     [
-        ([5.0], None, "5.000"),
+        ([5.0], None, "5.000 (1 seed: no interval)"),
         ([10.0, 14.0], 25.412, "12.000 ± 25.412"),  # t(0.975, 1) = 12.706, s / √2 = 2
         ([10.0, 12.0, 14.0], 4.968, "12.000 ± 4.968"),  # t(0.975, 2) = 4.303, s / √3 = 1.155
     ],
 )
 def test_the_95_percent_interval_is_students_t(values, half, text):
     assert interval(values) == (None if half is None else pytest.approx(half, abs=1e-3))
-    assert interval_summary(values) == text
+    assert summary(values) == text
 
 
 def results_md(root: Path, kind: str = "lengths") -> Path:

@@ -58,7 +58,7 @@ def test_a_measurement_that_contradicts_the_prediction_is_flagged(tmp_path):
     results_md = fixture_copy(tmp_path)
     records = results_md.parent / "docs" / "results" / "runs" / "probe_sample"
     before = regenerate(results_md, draw=False)
-    assert "| none | softmax | 2 | 0.118 (0.118–0.118) |" in before  # at the bound, as predicted
+    assert "| none | softmax | 2 | 0.118 ± 0.000 |" in before  # at the bound, as predicted
     cannot = next(run for run in find_runs(records) if run.overrides["norm"] == "softmax")
     metrics = cannot.path / "csv" / "metrics.csv"
     *lines, last = metrics.read_text().splitlines()
@@ -66,7 +66,7 @@ def test_a_measurement_that_contradicts_the_prediction_is_flagged(tmp_path):
     cells[lines[0].split(",").index("test/acc")] = "0.5"  # better than equal outputs allow
     metrics.write_text("\n".join([*lines, ",".join(cells)]) + "\n")
     after = regenerate(results_md, draw=False)
-    assert "| **none** | **softmax** | **2** | **0.309 (0.118–0.500)** |" in after
+    assert "| **none** | **softmax** | **2** | **0.309 ± 2.429** |" in after
     assert after.count("**partly**") == before.count("**partly**") + 1
 
 
@@ -130,21 +130,17 @@ def test_archive_copies_each_runs_record_and_no_checkpoint(tmp_path):
 
 
 def test_runs_that_differ_only_in_their_seed_form_one_configuration(tmp_path):
-    for job, (pe, seed, acc) in enumerate(
-        [
-            ("rope", 0, 0.9),
-            ("rope", 1, 0.7),
-            ("t5", 0, 0.8),
-            ("t5", 1, 0.75),
-            ("none", 0, 0.1),
-            ("none", 1, 0.2),
-        ]
-    ):
-        fake_run(tmp_path / str(job), [f"pe={pe}", f"seed={seed}"], [{"step": 1, "test/acc": acc}])
+    accuracy = {"rope": (0.9, 0.7, 0.8), "t5": (0.8, 0.75, 0.775), "none": (0.1, 0.2, 0.15)}
+    for pe, values in accuracy.items():
+        for seed, acc in enumerate(values):
+            rows = [{"step": 1, "test/acc": acc}]
+            fake_run(tmp_path / f"{pe}{seed}", [f"pe={pe}", f"seed={seed}"], rows)
     runs = find_runs(tmp_path)
     configs = configurations(runs, ["pe", "seed"])
-    assert [c.label for c in configs] == ["pe=rope", "pe=t5", "pe=none"]
+    assert sorted(c.label for c in configs) == ["pe=none", "pe=rope", "pe=t5"]
+    configs = sorted(configs, key=lambda c: ["pe=rope", "pe=t5", "pe=none"].index(c.label))
     assert [c.mean("test/acc") for c in configs] == pytest.approx([0.8, 0.775, 0.15])
+    # rope 0.8 ± 0.248 and t5 0.775 ± 0.062 overlap; none 0.15 ± 0.124 lies apart from both
     assert standing(configs, "test/acc", "max") == {
         "pe=rope": "best",
         "pe=t5": "tie",
@@ -155,7 +151,8 @@ def test_runs_that_differ_only_in_their_seed_form_one_configuration(tmp_path):
         "pe=t5": "below",
         "pe=rope": "below",
     }
-    assert standing([*configs[:1], configurations(runs[:1], ["pe"])[0]], "test/acc", "max") == {}
+    two_seeds = configurations([r for r in runs if r.value("seed") != "2"], ["pe", "seed"])
+    assert standing(two_seeds, "test/acc", "max") == {}, "fewer than 3 seeds: no verdict"
     fake_run(tmp_path / "6", ["pe=xl", "seed=0"], [{"step": 1, "val/acc": 0.5}])
     with_unmeasured = configurations(find_runs(tmp_path), ["pe", "seed"])
     assert [c.label for c in best_first(with_unmeasured, "test/acc", "min")] == [
@@ -178,15 +175,15 @@ def test_a_configurations_curve_is_the_mean_over_seeds_at_the_steps_all_of_them_
     ("values", "text"),
     [
         ([], ""),
-        ([0.5], "0.500"),
-        ([1.0, 0.9, 0.95], "0.950 (0.900–1.000)"),
-        ([0.0], "0.000"),
-        ([0.000158, 0.000146], "0.000152 (0.000146–0.000158)"),
-        ([0.00912], "0.00912"),
-        ([0.012], "0.012"),
+        ([0.5], "0.500 (1 seed: no interval)"),
+        ([1.0, 0.9, 0.95], "0.950 ± 0.124"),  # t(0.975, 2) = 4.303, s / √3 = 0.0289
+        ([0.0], "0.000 (1 seed: no interval)"),
+        ([0.000158, 0.000146], "0.000152 ± 7.62e-05"),  # t(0.975, 1) = 12.706, s / √2 = 6e-06
+        ([0.00912], "0.00912 (1 seed: no interval)"),
+        ([0.012, 0.012], "0.012 ± 0.000"),
     ],
 )
-def test_a_summary_is_the_mean_and_the_range_over_seeds(values, text):
+def test_a_summary_is_the_mean_and_its_95_percent_t_interval_over_seeds(values, text):
     assert summary(values) == text
 
 
@@ -196,7 +193,7 @@ def test_compare_adds_a_table_by_configuration_when_seeds_were_swept(tmp_path):
     comparison = compare(tmp_path)
     document = (tmp_path / "comparison.md").read_text()
     assert [c.label for c in comparison.by_configuration] == ["pe=rope", "pe=t5"]
-    assert "## By configuration: mean (smallest–largest) over seeds" in document
+    assert "## By configuration: mean ± 95% t interval over seeds" in document
     assert "| pe=rope |" not in document  # the table shows the setting's columns
-    assert "| rope | 2 | 0.850 (0.800–0.900) | 1,234 |" in document
-    assert "| t5 | 1 | 0.100 | 1,234 |" in document
+    assert "| rope | 2 | 0.850 ± 0.635 | 1,234 |" in document
+    assert "| t5 | 1 | 0.100 (1 seed: no interval) | 1,234 |" in document

@@ -108,7 +108,7 @@ def value(run: Run, metric: str) -> float | str | None:
 def seeds_summary(
     config: Configuration, metric: str, summarize: Callable[[list[float]], str] = summary
 ) -> str:
-    """`metric` over the configuration's seeds (by default its mean and range), "n/a" where
+    """`metric` over the configuration's seeds (by default its mean and 95% interval), "n/a" where
     no seed's model can take its length, and how many seeds logged NaN: "5.210; 1 nan"."""
     if not any(applicable(run, metric) for run in config.runs):
         return NOT_APPLICABLE

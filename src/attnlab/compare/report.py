@@ -10,7 +10,8 @@
     loss_by_position.png         loss by position in the longest windows (language models)
 
 When the seed was swept, comparison.md also has a table by configuration: each test metric's
-mean and range over the seeds, and ties where ranges overlap (see `attnlab.compare.seeds`);
+mean and 95% t interval over the seeds, and how each stands against the best by the verdict
+rule (intervals that overlap tie; see `attnlab.compare.seeds`);
 the accuracy-by-position plot then shows configurations, averaged over seeds. The language
 model plots always show configurations: the mean over the seeds, the range shaded. A metric at
 an evaluation length the run's model cannot take reads n/a (`attnlab.compare.lengths`).
@@ -42,6 +43,7 @@ from attnlab.compare.lengths import (
 )
 from attnlab.compare.runs import BY_POSITION, Run, find_runs
 from attnlab.compare.seeds import (
+    MIN_SEEDS,
     SEED,
     Configuration,
     best_first,
@@ -228,7 +230,7 @@ def plot_configuration_curves(configs: list[Configuration], metric: str, path: P
 
 def configurations_table(configs: list[Configuration]) -> str:
     """One row per configuration, best first on the test value of the optimized metric: each
-    test metric's mean and range over its seeds, how it stands against the best, its
+    test metric's mean and 95% interval over its seeds, how it stands against the best, its
     parameters and, where runs measured it, its training throughput (tokens/s over the whole
     run)."""
     runs = [run for config in configs for run in config.runs]
@@ -318,9 +320,10 @@ def document(comparison: Comparison) -> str:
     ]
     if comparison.by_configuration:
         lines += [
-            "## By configuration: mean (smallest–largest) over seeds",
+            "## By configuration: mean ± 95% t interval over seeds",
             "",
-            "Configurations whose ranges overlap the best's are tied with it.",
+            f"Against the best (with {MIN_SEEDS} or more seeds each): a configuration whose "
+            "interval overlaps the best's ties with it, one whose interval lies apart is below.",
             "",
             configurations_table(comparison.by_configuration),
             "",

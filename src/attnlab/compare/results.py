@@ -57,7 +57,7 @@ from attnlab.compare.report import (
     swept_keys,
 )
 from attnlab.compare.runs import Run, find_runs
-from attnlab.compare.seeds import Configuration, configurations, interval_summary, summary
+from attnlab.compare.seeds import Configuration, configurations, summary
 from attnlab.config import ConfigError
 from attnlab.studies.probe import chance_bound, predict
 
@@ -173,7 +173,7 @@ def lengths_table(configs: list[Configuration]) -> str:
             cells: Row = {**config.setting, "seeds": len(config.runs), "windows": windows}
             for length in lengths(runs, measure):
                 metric = f"{measure}@{length}"
-                cells[f"L={length}"] = seeds_summary(config, metric, interval_summary)
+                cells[f"L={length}"] = seeds_summary(config, metric)
             rows.append(cells)
     legend = (
         "Test perplexity at each evaluation length L: the mean ± the half-width of its 95% t "
@@ -194,7 +194,7 @@ def generalization_table(configs: list[Configuration]) -> str:
         for label, config in found.items():
             cells: Row = {"configuration": label, "seeds": len(config.runs)}
             for end in lengths(runs, ACCURACY):
-                cells[f"≤{end}"] = interval_summary(config.values(f"{ACCURACY}@{end}"))
+                cells[f"≤{end}"] = summary(config.values(f"{ACCURACY}@{end}"))
             rows.append(cells)
         parts.append(f"**{task}**: test exact match by bucket of lengths\n\n{markdown_table(rows)}")
     ranks = reciprocal_ranks(grouped)

@@ -1,10 +1,11 @@
 """Runs that differ only in their seed, taken together as one configuration.
 
-A configuration's value of a metric is the mean over its seeds, shown with the range
-(smallest–largest). Two configurations tie when their ranges overlap: the difference
-between them is within the seed-to-seed spread. With one seed the spread is unknown and
-nothing is called a tie or a win. Where a study reports an interval instead of the range, it
-is the 95% t interval of the mean over the seeds (`interval_summary`).
+A configuration's value of a metric is the mean over its seeds with the half-width of its
+95% Student's t interval ("5.210 ± 0.130"; with one seed "5.210 (1 seed: no interval)").
+
+The verdict rule (RESULTS.md states it; `standing` applies it): two configurations differ on
+a metric only when each has at least MIN_SEEDS seeds and their 95% intervals do not overlap;
+otherwise they tie. With fewer seeds nothing is called a tie or a difference.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from attnlab.compare.runs import Run
 
 SEED = "seed"
+MIN_SEEDS = 3  # seeds each configuration needs before a comparison draws a conclusion
+NO_INTERVAL = "1 seed: no interval"
 
 
 @dataclass
@@ -78,16 +81,6 @@ def number(value: float, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
-def summary(values: list[float], digits: int = 3) -> str:
-    """The mean, and the range over seeds where there are several: "0.981 (0.962–1.000)"."""
-    if not values:
-        return ""
-    mean = number(sum(values) / len(values), digits)
-    if len(values) == 1:
-        return mean
-    return f"{mean} ({number(min(values), digits)}–{number(max(values), digits)})"
-
-
 def interval(values: list[float], confidence: float = 0.95) -> float | None:
     """The half-width of the t interval of the mean of `values` at `confidence`: the seeds
     taken as a sample of the seeds there could be. None for fewer than two values."""
@@ -99,13 +92,20 @@ def interval(values: list[float], confidence: float = 0.95) -> float | None:
     return quantile * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def interval_summary(values: list[float], digits: int = 3) -> str:
-    """The mean and the half-width of its 95% t interval over seeds: "5.210 ± 0.130"; the
-    mean alone for one seed."""
+def summary(values: list[float], digits: int = 3) -> str:
+    """The mean and the half-width of its 95% t interval over seeds: "5.210 ± 0.130"; with
+    one seed "5.210 (1 seed: no interval)"."""
     if not values:
         return ""
     mean, half = number(sum(values) / len(values), digits), interval(values)
-    return mean if half is None else f"{mean} ± {number(half, digits)}"
+    return f"{mean} ({NO_INTERVAL})" if half is None else f"{mean} ± {number(half, digits)}"
+
+
+def bounds(values: list[float]) -> tuple[float, float]:
+    """The 95% t interval of the mean of `values` (at least two)."""
+    mean, half = statistics.mean(values), interval(values)
+    assert half is not None, "an interval needs two values"
+    return mean - half, mean + half
 
 
 def best_first(configs: list[Configuration], metric: str, mode: str) -> list[Configuration]:
@@ -119,17 +119,18 @@ def best_first(configs: list[Configuration], metric: str, mode: str) -> list[Con
 
 
 def standing(configs: list[Configuration], metric: str, mode: str) -> dict[str, str]:
-    """Per configuration label: "best", "tie" (its range overlaps the best's) or "below";
-    nothing where some configuration has fewer than two seeds."""
+    """Per configuration label, by the verdict rule (the module docstring): "best", "tie"
+    (its 95% interval overlaps the best's) or "below"; nothing where some configuration has
+    fewer than MIN_SEEDS seeds."""
     measured = [c for c in configs if c.values(metric)]
-    if not measured or any(len(c.values(metric)) < 2 for c in measured):
+    if not measured or any(len(c.values(metric)) < MIN_SEEDS for c in measured):
         return {}
     sign = 1.0 if mode == "max" else -1.0
     best = max(measured, key=lambda c: sign * (c.mean(metric) or 0.0))
-    low, high = min(best.values(metric)), max(best.values(metric))
+    low, high = bounds(best.values(metric))
     result = {}
     for config in measured:
-        values = config.values(metric)
-        overlaps = min(values) <= high and max(values) >= low
+        lower, upper = bounds(config.values(metric))
+        overlaps = lower <= high and upper >= low
         result[config.label] = "best" if config is best else "tie" if overlaps else "below"
     return result

@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import ROOT
 from test_compare import fake_run
 
 from attnlab.compare.report import compare
-from attnlab.compare.results import archive, regenerate
+from attnlab.compare.results import archive, budget, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import best_first, configurations, standing, summary
 from attnlab.config import ConfigError
@@ -197,3 +198,22 @@ def test_compare_adds_a_table_by_configuration_when_seeds_were_swept(tmp_path):
     assert "| pe=rope |" not in document  # the table shows the setting's columns
     assert "| rope | 2 | 0.850 ± 0.635 | 1,234 |" in document
     assert "| t5 | 1 | 0.100 (1 seed: no interval) | 1,234 |" in document
+
+
+def test_a_blocks_budget_line_is_read_from_the_runs_configs_and_statuses(tmp_path):
+    for job, (max_steps, schedule, steps) in enumerate(
+        [(500, "inverse_sqrt", 500), (1000, "cosine", 740)]
+    ):
+        run = fake_run(tmp_path / str(job), [f"seed={job}"], [{"step": steps, "val/acc": 0.5}])
+        config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+        config["trainer"] = {"max_steps": max_steps, "max_epochs": -1}
+        config["task"]["optim"] = {"lr": 0.001, "warmup_steps": 100, "schedule": schedule}
+        config["task"]["system"] = {"val_generate": 100}
+        config["callbacks"] = {"early_stopping": {"monitor": "val/acc", "stopping_threshold": 0.99}}
+        (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    assert budget(find_runs(tmp_path)) == (
+        "Budget, from the runs' records: at most 500 / 1000 steps; ran 500–740; lr 0.001; "
+        "warm-up steps 100; schedule cosine / inverse_sqrt; validation generates for the first "
+        "100 examples only; checkpoint tested: best val/acc (max) on validation; stopped early "
+        "on val/acc at 0.99."
+    )

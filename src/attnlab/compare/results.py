@@ -9,7 +9,9 @@ RESULTS.md marks where a study's table goes:
     ... generated: the table and a link to its heat map ...
     <!-- /results:<study> -->
 
-`attnlab results` rewrites each block from docs/results/runs/<study>/ and draws
+Each block opens with the study's budget read from the runs' configs and statuses (steps,
+learning rate, warm-up, schedule, checkpoint selection, early stopping), so that the text
+cannot drift from what ran. `attnlab results` rewrites each block from docs/results/runs/<study>/ and draws
 docs/results/<study>.png. `attnlab results --check` writes nothing and fails when a block
 differs from what the records give. The kinds of table, and their plot:
 
@@ -74,6 +76,11 @@ BLOCK = re.compile(
     re.DOTALL,
 )
 SOLVED = 0.99  # token accuracy of every seed at or above this: the probe is solved
+BUDGET = {  # what a block's budget line names, and the config key each run holds it at
+    "lr": "task.optim.lr",
+    "warm-up steps": "task.optim.warmup_steps",
+    "schedule": "task.optim.schedule",
+}
 
 
 def archive(sweep: Path, destination: Path) -> int:
@@ -230,6 +237,41 @@ KINDS = {
 }
 
 
+def values(runs: list[Run], key: str) -> str:
+    """The runs' values of a config key, each once, in order ("inverse_sqrt"; "500 / 1000")."""
+    found = {value for run in runs if (value := run.setting(key)) is not None}
+    return " / ".join(sorted(found, key=lambda value: (not is_number(value), value.zfill(20))))
+
+
+def is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def budget(runs: list[Run]) -> str:
+    """One line: what the runs' records say they were given and did."""
+    limit = values(runs, "trainer.max_steps")
+    parts = [f"at most {limit} steps" if limit != "-1" else
+             f"at most {values(runs, 'trainer.max_epochs')} epochs"]  # fmt: skip
+    steps = sorted(step for run in runs if (step := run.steps()) is not None)
+    if steps:
+        parts.append(f"ran {steps[0]}" + (f"–{steps[-1]}" if steps[-1] != steps[0] else ""))
+    parts += [f"{label} {found}" for label, key in BUDGET.items() if (found := values(runs, key))]
+    generated = values(runs, "task.system.val_generate")
+    if generated:
+        parts.append(f"validation generates for the first {generated} examples only")
+    metric, mode = values(runs, "optimized_metric"), values(runs, "task.metric_mode")
+    parts.append(f"checkpoint tested: best {metric} ({mode}) on validation")
+    stop = values(runs, "callbacks.early_stopping.monitor")
+    if stop:
+        threshold = values(runs, "callbacks.early_stopping.stopping_threshold")
+        parts.append(f"stopped early on {stop}" + (f" at {threshold}" if threshold else ""))
+    return "Budget, from the runs' records: " + "; ".join(parts) + "."
+
+
 def block(study: str, kind: str, root: Path, draw: bool) -> str:
     """The generated text of one study's block, from root/docs/results/runs/<study>."""
     if kind not in KINDS:
@@ -245,7 +287,7 @@ def block(study: str, kind: str, root: Path, draw: bool) -> str:
             f"records are of task {', '.join(sorted(map(str, tasks)))}: use kind configurations"
         )
     configs = configurations(runs, swept_keys(runs))
-    text = KINDS[kind].table(configs) + "\n"
+    text = budget(runs) + "\n\n" + KINDS[kind].table(configs) + "\n"
     image = root / "docs" / "results" / f"{study}.png"
     if draw:
         KINDS[kind].plot(configs, image)

@@ -28,6 +28,7 @@ def holds(label: str) -> dict[str, bool | None]:
 def test_without_positions_every_normalizer_keeps_the_set_symmetries(norm):
     found = holds(f"norm={norm}")
     assert found["keys"] and found["queries"] and found["stack"]
+    assert not found["query bias"]  # b·k_j differs from key to key: a change in every row
     assert found["key bias"] == (norm in ("softmax", "l2"))  # invariant to a per-row shift
     assert found["value bias"] == (norm == "softmax")  # rows sum to 1
 
@@ -45,3 +46,8 @@ def test_position_indexed_synthesizers_break_the_key_symmetry_and_random_the_que
             assert not holds(f"synthesizer={synthesizer}")["keys"], synthesizer
     assert holds("synthesizer=dense")["queries"]  # its rows come from the query token alone
     assert not holds("synthesizer=random")["queries"]
+
+
+def test_a_synthesizer_that_reads_no_query_ignores_the_query_bias():
+    assert holds("synthesizer=random")["query bias"] and holds("synthesizer=dense")["query bias"]
+    assert not holds("synthesizer=random_vanilla")["query bias"]  # its dot-product component

@@ -8,6 +8,9 @@ o_i = Σ_j w(s_i·)_j v_j, s_ij = q_i·k_j/√d (Vaswani et al. 2017):
 - queries: permuting the queries permutes the outputs (each row depends on its query alone);
 - stack: a whole encoder without PE is permutation equivariant, since LayerNorm, the FFN
   and the residuals act per token;
+- query bias: q_i + b adds b·k_j/√d to the score of key j in every row, a term that differs
+  from key to key, so it changes the weights under every normalizer (the claim's "the query
+  bias has no effect" does not hold); only a synthesizer that reads no query ignores it;
 - key bias: k_j + b adds q_i·b/√d to every score of row i, a per-row shift. Normalizers
   invariant to it (softmax, and exp-L2, whose row norm absorbs e^shift) ignore it, and its
   gradient is exactly zero; relu², sigmoid, exp and L2 of SiLU change with it;
@@ -25,6 +28,7 @@ whether a row's logits come from its own query token alone), never from the meas
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -42,7 +46,7 @@ LENGTH, BATCH = 8, 2
 SHAPE = StackShape(d_model=16, n_heads=2, head_dim=8, value_dim=8, n_layers=2, causal=False)
 SHIFT_INVARIANT = ("softmax", "l2")  # w(s + c) = w(s) for a per-row constant c
 ROWS_SUM_TO_ONE = ("softmax",)
-PROPERTIES = ("keys", "queries", "stack", "key bias", "value bias")
+PROPERTIES = ("keys", "queries", "stack", "query bias", "key bias", "value bias")
 
 
 def configurations() -> list[tuple[str, dict[str, str], bool]]:
@@ -113,25 +117,33 @@ def measure(choice: dict[str, str], causal: bool) -> dict[str, float | None]:
         "stack": stack_deviation(choice, causal, perm),
     }
     if choice["pe"] != "none":
-        return {**symmetries, "key bias": None, "value bias": None}
+        return {**symmetries, "query bias": None, "key bias": None, "value bias": None}
     return {**symmetries, **bias_deviations(parts, causal, x, q, k, v, out)}
 
 
 def bias_deviations(parts: AttentionParts, causal: bool, x, q, k, v, out) -> dict[str, float]:
-    """Key bias: the change of the output and the largest gradient of the bias (None where
-    no score reads k). Value bias: the distance from out + b."""
-    b_k = torch.randn(1, SHAPE.n_heads, 1, SHAPE.head_dim, dtype=torch.float64, requires_grad=True)
-    key_biased = layer(parts, causal, x, q, k + b_k, v)
-    gradient = None
-    if key_biased.requires_grad:  # else nothing trainable, b included, reaches the output
-        (gradient,) = torch.autograd.grad(key_biased.square().sum(), b_k, allow_unused=True)
-    largest_gradient = 0.0 if gradient is None else gradient.abs().max().item()
+    """Query and key bias: the change of the output and the largest gradient of the bias.
+    Value bias: the distance from out + b."""
+    query_biased, query_gradient = biased(lambda b: layer(parts, causal, x, q + b, k, v))
+    key_biased, key_gradient = biased(lambda b: layer(parts, causal, x, q, k + b, v))
     b_v = torch.randn(1, SHAPE.n_heads, 1, SHAPE.head_dim, dtype=torch.float64)
     value_biased = layer(parts, causal, x, q, k, v + b_v)
     return {
-        "key bias": max(deviation(key_biased, out), largest_gradient),
+        "query bias": max(deviation(query_biased, out), query_gradient),
+        "key bias": max(deviation(key_biased, out), key_gradient),
         "value bias": deviation(value_biased, out + b_v),
     }
+
+
+def biased(attend_with: Callable[[Tensor], Tensor]) -> tuple[Tensor, float]:
+    """The output with a random per-head bias `b`, and the largest gradient of b (0 where
+    nothing reaches the output from b)."""
+    b = torch.randn(1, SHAPE.n_heads, 1, SHAPE.head_dim, dtype=torch.float64, requires_grad=True)
+    out = attend_with(b)
+    gradient = None
+    if out.requires_grad:  # else nothing trainable, b included, reaches the output
+        (gradient,) = torch.autograd.grad(out.square().sum(), b, allow_unused=True)
+    return out, 0.0 if gradient is None else gradient.abs().max().item()
 
 
 def stack_deviation(choice: dict[str, str], causal: bool, perm: Tensor) -> float:
@@ -159,6 +171,7 @@ def predict(choice: dict[str, str], causal: bool) -> dict[str, bool]:
         "keys": position_free and synthesizer.plain_dot,
         "queries": position_free and rows_from_queries,
         "stack": position_free and not pe.embeds and synthesizer.plain_dot,
+        "query bias": not synthesizer.needs_query,
         "key bias": not synthesizer.needs_key or choice["norm"] in SHIFT_INVARIANT,
         "value bias": choice["norm"] in ROWS_SUM_TO_ONE,
     }

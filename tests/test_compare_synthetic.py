@@ -122,3 +122,16 @@ def test_a_configuration_without_its_tasks_longest_bucket_is_blank_there(sweep):
     assert tasks[0] == "copy" and labels[2] == "pe=alibi"
     assert math.isnan(matrix[0][2])
     assert matrix[0][0] == pytest.approx(0.1 - 0.01)
+
+
+def test_the_results_table_counts_the_seeds_that_learned_the_task(tmp_path):
+    for seed, best in enumerate((1.0, 0.95)):  # the second never reaches the threshold
+        run = fake_synthetic_run(tmp_path / str(seed), "copy", "rope", seed)
+        config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+        config["callbacks"] = {"early_stopping": {"stopping_threshold": 0.99}}
+        (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+        metrics = run / "csv" / "metrics.csv"
+        metrics.write_text(metrics.read_text().replace(",1.0", f",{best}", 1))
+    table = generalization_table(configs(tmp_path))
+    assert "| configuration | seeds | learned | ≤20 |" in table
+    assert "| pe=rope | 2 | 1 of 2 |" in table

@@ -189,8 +189,17 @@ def lengths_table(configs: list[Configuration]) -> str:
     return f"{legend}\n\n{markdown_table(rows)}"
 
 
+def learned(run: Run) -> bool | None:
+    """Whether the run's validation exact match reached its early-stopping threshold within
+    its budget (None for a run without one)."""
+    threshold = run.setting("callbacks.early_stopping.stopping_threshold")
+    best = run.best("val/acc", "max")
+    return None if threshold in (None, "None") or best is None else best >= float(threshold)
+
+
 def generalization_table(configs: list[Configuration]) -> str:
-    """Per task and configuration: test exact match in each bucket (the first holds the
+    """Per task and configuration: how many seeds learned the task (validation exact match
+    at the early-stopping threshold), test exact match in each bucket (the first holds the
     training lengths), the mean ± the half-width of its 95% t interval over the seeds; then
     each configuration's mean reciprocal rank over the tasks and seeds."""
     grouped = by_task(configs)
@@ -200,6 +209,9 @@ def generalization_table(configs: list[Configuration]) -> str:
         rows = []
         for label, config in found.items():
             cells: Row = {"configuration": label, "seeds": len(config.runs)}
+            reached = [done for run in config.runs if (done := learned(run)) is not None]
+            if reached:
+                cells["learned"] = f"{sum(reached)} of {len(reached)}"
             for end in lengths(runs, ACCURACY):
                 cells[f"≤{end}"] = summary(config.values(f"{ACCURACY}@{end}"))
             rows.append(cells)

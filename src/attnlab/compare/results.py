@@ -5,7 +5,8 @@ overrides, metrics and status; not its checkpoints) to DEST, conventionally
 docs/results/runs/<study>/, so that the results can be regenerated from the repository.
 RESULTS.md marks where a study's table goes:
 
-    <!-- results:<study> <kind> -->
+    <!-- results:<study> <kind> -->              or, comparing test BLEU with a baseline:
+    <!-- results:<study> <kind> baseline=<a configuration's label, e.g. synthesizer=dot> -->
     ... generated: the table and a link to its heat map ...
     <!-- /results:<study> -->
 
@@ -60,6 +61,7 @@ from attnlab.compare.report import (
 )
 from attnlab.compare.runs import Run, find_runs
 from attnlab.compare.seeds import Configuration, configurations, summary
+from attnlab.compare.significance import HYPOTHESES, bootstrap_table
 from attnlab.config import ConfigError
 from attnlab.studies.probe import chance_bound, predict
 
@@ -69,10 +71,11 @@ RECORD = (
     "csv/metrics.csv",
     "status.json",
     f"lengths/{STAGE}.json",  # a language model's: which evaluation lengths it could take
+    HYPOTHESES,  # a sequence-to-sequence model's test output, for the paired bootstrap
 )
 BLOCK = re.compile(
-    r"(<!-- results:(?P<study>[\w-]+) (?P<kind>\w+) -->\n)(?P<body>.*?)"
-    r"(<!-- /results:(?P=study) -->)",
+    r"(?P<open><!-- results:(?P<study>[\w-]+) (?P<kind>\w+)(?: baseline=(?P<baseline>\S+))? -->\n)"
+    r"(?P<body>.*?)(?P<close><!-- /results:(?P=study) -->)",
     re.DOTALL,
 )
 SOLVED = 0.99  # token accuracy of every seed at or above this: the probe is solved
@@ -284,8 +287,9 @@ def budget(runs: list[Run]) -> str:
     return "Budget, from the runs' records: " + "; ".join(parts) + "."
 
 
-def block(study: str, kind: str, root: Path, draw: bool) -> str:
-    """The generated text of one study's block, from root/docs/results/runs/<study>."""
+def block(study: str, kind: str, root: Path, draw: bool, baseline: str | None = None) -> str:
+    """The generated text of one study's block, from root/docs/results/runs/<study>; with a
+    baseline (a configuration's label), the paired bootstrap of test BLEU against it."""
     if kind not in KINDS:
         raise ConfigError(f"RESULTS.md block {study} has kind {kind!r}: use one of {list(KINDS)}")
     records = root / "docs" / "results" / "runs" / study
@@ -300,6 +304,8 @@ def block(study: str, kind: str, root: Path, draw: bool) -> str:
         )
     configs = configurations(runs, swept_keys(runs))
     text = budget(runs) + "\n\n" + KINDS[kind].table(configs) + "\n"
+    if baseline is not None:
+        text += "\n" + bootstrap_table(configs, baseline, root) + "\n"
     image = root / "docs" / "results" / f"{study}.png"
     if draw:
         KINDS[kind].plot(configs, image)
@@ -311,6 +317,8 @@ def block(study: str, kind: str, root: Path, draw: bool) -> str:
 def regenerate(results_md: Path, draw: bool = True) -> str:
     """RESULTS.md with every block rebuilt from its records (plots drawn if `draw`)."""
     root = results_md.resolve().parent
-    return BLOCK.sub(
-        lambda m: m[1] + block(m["study"], m["kind"], root, draw) + m[5], results_md.read_text()
-    )
+
+    def rebuilt(m: re.Match[str]) -> str:
+        return m["open"] + block(m["study"], m["kind"], root, draw, m["baseline"]) + m["close"]
+
+    return BLOCK.sub(rebuilt, results_md.read_text())

@@ -1,0 +1,126 @@
+"""Paired bootstrap resampling of test BLEU against a baseline configuration (Koehn 2004), by
+sacreBLEU's `PairedTest` (1,000 resamples, a fixed seed): seed by seed, each run's test
+hypotheses (`hypotheses/test.txt`, archived with its record) against the baseline run of the
+same seed, on the references of the test split.
+
+References are never archived (they are the corpus's): they are read where the run read
+them, its `task.data.test_tgt` or `{task.data.dir}/test.{tgt_lang}`, or, where that path
+does not exist on this machine, the directory of the same name in `../shared/data` beside
+the repository. A run whose hypotheses or references cannot be found, or do not match in
+number, is left out of the test, and the table says so.
+
+The verdict rule's paired part (RESULTS.md): a configuration is ahead of (behind) the
+baseline when at least MIN_SEEDS seeds were paired and in every pair its BLEU is higher
+(lower) with p < ALPHA; otherwise it ties.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from attnlab.compare.runs import Run
+from attnlab.compare.seeds import MIN_SEEDS, Configuration
+from attnlab.data.text import read_lines
+
+SAMPLES = 1000
+RESAMPLING_SEED = 12345  # sacreBLEU's default: the same resamples for every pair
+ALPHA = 0.05
+HYPOTHESES = "hypotheses/test.txt"
+
+
+def located(path: str, root: Path) -> Path | None:
+    """`path` if it exists here, else the file of the same name below the directory of the
+    same name in root/../shared/data (a record made on another machine)."""
+    recorded = Path(path)
+    if recorded.is_file():
+        return recorded
+    shared = root.parent / "shared" / "data" / recorded.parent.name / recorded.name
+    return shared if shared.is_file() else None
+
+
+def references(run: Run, root: Path) -> list[str] | None:
+    """The test references the run was scored on, or None where they cannot be read."""
+    data = run.config.task.data
+    if data.get("test_tgt"):
+        path = str(data.test_tgt)
+    elif data.get("source") == "local" and data.get("dir"):
+        path = os.path.join(str(data.dir), f"test.{data.tgt_lang}")
+    else:
+        return None
+    found = located(path, root)
+    return list(read_lines(found)) if found else None
+
+
+def hypotheses(run: Run) -> list[str] | None:
+    path = run.path / HYPOTHESES
+    if not path.is_file():
+        return None
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def paired(run: Run, baseline: Run, refs: list[str]) -> tuple[float, float] | None:
+    """(this run's BLEU minus the baseline's, the paired bootstrap's p-value), or None
+    where the hypotheses are missing or do not match the references in number."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    system, base = hypotheses(run), hypotheses(baseline)
+    if system is None or base is None or not len(system) == len(base) == len(refs):
+        return None
+    previous = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = str(RESAMPLING_SEED)  # read once, by the constructor
+    try:
+        systems = [("baseline", base), ("system", system)]
+        test = PairedTest(systems, {"BLEU": BLEU()}, [refs], "bs", SAMPLES)
+    finally:
+        if previous is None:
+            del os.environ["SACREBLEU_SEED"]
+        else:
+            os.environ["SACREBLEU_SEED"] = previous
+    _, scores = test()
+    base_score, system_score = scores["BLEU"]
+    return system_score.score - base_score.score, float(system_score.p_value)
+
+
+def verdict(pairs: list[tuple[float, float]]) -> str:
+    if len(pairs) < MIN_SEEDS:
+        return f"fewer than {MIN_SEEDS} seeds: no verdict"
+    if all(p < ALPHA and gain > 0 for gain, p in pairs):
+        return "ahead"
+    if all(p < ALPHA and gain < 0 for gain, p in pairs):
+        return "behind"
+    return "tie"
+
+
+def bootstrap_table(configs: list[Configuration], baseline: str, root: Path) -> str:
+    """Per configuration: each paired seed's BLEU gain over `baseline` (a configuration's
+    label) and its p-value, and the verdict."""
+    found = {config.label: config for config in configs}
+    if baseline not in found:
+        return f"Paired bootstrap: no configuration {baseline} among {sorted(found)}."
+    base = {run.setting("seed"): run for run in found[baseline].runs}
+    lines = [
+        f"Paired bootstrap resampling of test BLEU against {baseline} (sacreBLEU, {SAMPLES} "
+        f"resamples), seed by seed: BLEU difference and p-value; ahead or behind only where "
+        f"every pair of at least {MIN_SEEDS} seeds differs with p < {ALPHA} the same way.",
+        "",
+        "| configuration | seed: Δ BLEU (p) | verdict |",
+        "|---|---|---|",
+    ]
+    for label, config in found.items():
+        if label == baseline:
+            continue
+        cells, pairs = [], []
+        for run in config.runs:
+            seed, other = run.setting("seed"), base.get(run.setting("seed"))
+            refs = references(run, root) if other else None
+            result = paired(run, other, refs) if other and refs else None
+            if result is None:
+                why = "no baseline run" if other is None else "no hypotheses or references"
+                cells.append(f"{seed}: {why}")
+                continue
+            pairs.append(result)
+            cells.append(f"{seed}: {result[0]:+.2f} (p = {result[1]:.3f})")
+        lines.append(f"| {label} | {'; '.join(cells)} | {verdict(pairs)} |")
+    return "\n".join(lines)

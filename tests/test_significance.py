@@ -1,0 +1,107 @@
+"""The paired bootstrap of test BLEU against a baseline (attnlab.compare.significance), on
+run records written here, with references in a directory of their own."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+from test_compare import fake_run
+
+from attnlab.compare.results import archive, regenerate
+from attnlab.compare.runs import find_runs
+from attnlab.compare.seeds import configurations
+from attnlab.compare.significance import bootstrap_table, located, paired, references, verdict
+
+REFERENCES = [f"ein kleiner hund nummer {n} läuft über die grüne wiese" for n in range(60)]
+WORSE = [f"ein hund {n}" for n in range(60)]
+
+
+def translation_run(directory: Path, synthesizer: str, seed: int, data: Path, lines: list[str]):
+    run = fake_run(directory, [f"synthesizer={synthesizer}", f"seed={seed}"], [{"step": 1}])
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    config["seed"] = seed
+    config["task"]["data"] = {"source": "local", "dir": str(data), "tgt_lang": "de"}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "hypotheses").mkdir()
+    (run / "hypotheses" / "test.txt").write_text("".join(f"{line}\n" for line in lines))
+    return run
+
+
+def study(tmp_path: Path, seeds=(0, 1, 2)) -> tuple[list, Path]:
+    data = tmp_path / "data" / "multi30k"
+    data.mkdir(parents=True)
+    (data / "test.de").write_text("".join(f"{line}\n" for line in REFERENCES))
+    runs = tmp_path / "runs"
+    for seed in seeds:
+        translation_run(runs / f"dot{seed}", "dot", seed, data, REFERENCES[:40] + WORSE[40:])
+        translation_run(runs / f"near{seed}", "random", seed, data, REFERENCES[:39] + WORSE[39:])
+        translation_run(
+            runs / f"worse{seed}", "dense", seed, data, WORSE[:10] + REFERENCES[10:20] + WORSE[20:]
+        )
+    return configurations(find_runs(runs), ["synthesizer", "seed"]), data
+
+
+def test_a_clearly_worse_system_is_behind_and_a_nearly_identical_one_ties(tmp_path):
+    configs, _ = study(tmp_path)
+    table = bootstrap_table(configs, "synthesizer=dot", tmp_path)
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in table.splitlines()}
+    assert rows["synthesizer=dense"].endswith("| behind |")
+    assert rows["synthesizer=dense"].count("(p = 0.001)") == 3  # 1 / (1,000 + 1), rounded
+    assert rows["synthesizer=random"].endswith("| tie |")
+    p_values = [float(p) for p in re.findall(r"p = ([0-9.]+)", rows["synthesizer=random"])]
+    assert len(p_values) == 3 and min(p_values) > 0.05  # one sentence of sixty differs
+    assert "synthesizer=dot |" not in table  # the baseline has no row of its own
+
+
+def test_the_bootstrap_is_the_same_every_time(tmp_path):
+    configs, _ = study(tmp_path)
+    dense = next(c for c in configs if c.label == "synthesizer=dense").runs[0]
+    dot = next(c for c in configs if c.label == "synthesizer=dot").runs[0]
+    refs = references(dot, tmp_path)
+    assert paired(dense, dot, refs) == paired(dense, dot, refs)
+    assert paired(dense, dot, refs)[0] < -10  # BLEU points
+
+
+def test_fewer_than_three_seeds_give_no_verdict(tmp_path):
+    configs, _ = study(tmp_path, seeds=(0, 1))
+    table = bootstrap_table(configs, "synthesizer=dot", tmp_path)
+    assert table.count("| fewer than 3 seeds: no verdict |") == 2
+    assert verdict([(-5.0, 0.001)] * 3) == "behind" and verdict([(5.0, 0.001)] * 3) == "ahead"
+    assert verdict([(-5.0, 0.001), (-5.0, 0.2), (-5.0, 0.001)]) == "tie"
+    # sacreBLEU gives identical outputs p = 1 / (resamples + 1), "not attributed to chance"
+    assert verdict([(0.0, 0.001)] * 3) == "tie"
+
+
+def test_references_recorded_on_another_machine_are_found_in_shared_data(tmp_path):
+    repository = tmp_path / "repo"
+    shared = tmp_path / "shared" / "data" / "multi30k"
+    shared.mkdir(parents=True)
+    (shared / "test.de").write_text("a\n")
+    assert located("/elsewhere/data/multi30k/test.de", repository) == shared / "test.de"
+    assert located("/elsewhere/data/other/test.de", repository) is None
+
+
+def test_missing_hypotheses_or_references_are_said_not_guessed(tmp_path):
+    configs, data = study(tmp_path)
+    (data / "test.de").unlink()
+    table = bootstrap_table(configs, "synthesizer=dot", tmp_path)
+    assert table.count("no hypotheses or references") == 6
+    assert "no configuration synthesizer=nope" in bootstrap_table(
+        configs, "synthesizer=nope", tmp_path
+    )
+
+
+def test_a_results_block_with_a_baseline_archives_hypotheses_and_adds_the_bootstrap(tmp_path):
+    study(tmp_path)
+    root = tmp_path / "repo"
+    archive(tmp_path / "runs", root / "docs" / "results" / "runs" / "synth")
+    assert len(list(root.rglob("hypotheses/test.txt"))) == 9
+    results_md = root / "RESULTS.md"
+    results_md.write_text(
+        "<!-- results:synth configurations baseline=synthesizer=dot -->\n<!-- /results:synth -->\n"
+    )
+    text = regenerate(results_md, draw=False)
+    assert "Paired bootstrap resampling of test BLEU against synthesizer=dot" in text
+    assert "| synthesizer=dense |" in text and text.count("| behind |") == 1

@@ -17,6 +17,8 @@ import json
 import os
 from pathlib import Path
 
+from attnlab.data.record import file_sha256
+
 
 def stamp(path: Path) -> list:
     info = path.stat()
@@ -33,8 +35,7 @@ def file_digest(path: Path, memo_dir: Path) -> str:
             return saved["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    with path.open("rb") as file:
-        digest = hashlib.file_digest(file, "sha256").hexdigest()
+    digest = file_sha256(path)
     try:
         memo_dir.mkdir(parents=True, exist_ok=True)
         partial = memo.with_name(f".{memo.name}.{os.getpid()}")

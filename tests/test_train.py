@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 import math
 import re
 import subprocess
@@ -90,8 +91,10 @@ def test_a_multirun_writes_every_job_into_one_sweep_directory(tmp_path):
     assert jobs == ["0", "1", "2", "3"]
     for job in jobs:
         assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
+        assert "── norm" in (sweep / job / "config_tree.log").read_text()  # every job keeps it
     choices = {(sweep / job / ".hydra" / "overrides.yaml").read_text() for job in jobs}
     assert len(choices) == 4
+    assert result.stdout.count("optimized_metric: val/acc") == 1, "the tree once per sweep"
 
 
 @pytest.mark.slow
@@ -187,3 +190,41 @@ def test_the_config_tree_is_printed_at_the_start(make_config, capsys):
     out = capsys.readouterr().out
     for line in ("run", "pe", "name: rope", "norm", "name: l2", "optimized_metric: val/acc"):
         assert line in out
+
+
+def test_the_start_of_a_run_names_the_parameters_without_lightnings_noise(make_config, caplog):
+    with caplog.at_level(logging.INFO):
+        train(make_config([*TINY, "trainer.max_epochs=1"]))
+    assert "trainable parameters" in caplog.text and "| Tagger " in caplog.text
+    assert "FLOPs" not in caplog.text and "Flops" not in caplog.text  # always 0 here
+    assert "💡" not in caplog.text and "Trainer already configured" not in caplog.text
+
+
+def test_the_end_of_run_summary_goes_to_the_console_and_to_the_runs_log_file(tmp_path, capsys):
+    from attnlab.run import report
+
+    handler = logging.FileHandler(tmp_path / "train.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        report("task  probe\nblock  standard")
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    assert capsys.readouterr().out == "task  probe\nblock  standard\n"
+    assert "task  probe\nblock  standard" in (tmp_path / "train.log").read_text()
+
+
+def test_the_summary_names_the_block_and_the_probes_switches(make_config):
+    from attnlab.run import summary
+
+    text = summary(make_config(["task.markers=true"]), {"total": 10}, {}, "/run")
+    assert "block        standard" in text and "markers      true" in text
+    assert "causal       false" in text
+
+
+def test_the_config_tree_keeps_every_line_whole_when_not_on_a_terminal(make_config):
+    from attnlab.run import config_tree
+
+    long = "x" * 300
+    text = config_tree(make_config([f"tags=[{long}]"]), color=False)
+    assert f"- {long}" in text and "\x1b[" not in text  # no 80-column crop, no colour codes

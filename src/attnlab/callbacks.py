@@ -10,9 +10,11 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelSummary
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
 from attnlab.config import Diverged
 from attnlab.plots import attention_figure, save
@@ -160,3 +162,35 @@ class ScoredExamples(L.Callback):
         limit = f"limit_{split}_batches"
         why = "fast_dev_run" if trainer.fast_dev_run else f"{limit}={getattr(trainer, limit)}"
         log.warning("%s: scored %d of %d examples (trainer.%s)", split, scored, total, why)
+
+
+class ParameterSummary(ModelSummary):
+    """Lightning's model summary as plain text, without its FLOPs column and total: they read
+    0 unless a module declares `example_input_array`, which no attnlab system does."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int,
+        **summarize_kwargs: Any,
+    ) -> None:
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        widths = [max(len(name), *(len(str(v)) for v in values)) for name, values in columns]
+        rows = [
+            [name for name, _ in columns],
+            *zip(*(values for _, values in columns), strict=True),
+        ]
+        lines = [
+            " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
+        ]
+        lines.insert(1, "-" * len(lines[0]))
+        lines += [
+            f"{get_human_readable_count(trainable_parameters):<10}trainable parameters",
+            f"{get_human_readable_count(total_parameters):<10}parameters in all",
+            f"{model_size:<10.2f}MB of parameters",
+        ]
+        log.info("\n%s", "\n".join(lines))

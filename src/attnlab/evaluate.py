@@ -65,10 +65,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     with run.closing_loggers(trainer):
         (results,) = method(system, datamodule, verbose=False)
     metrics = run.scalar_metrics(results)
-    print(
-        run.summary(cfg, system.parameter_counts(), metrics, run.resolve_output_dir(cfg)),
-        flush=True,
-    )
+    run.report(run.summary(cfg, system.parameter_counts(), metrics, run.resolve_output_dir(cfg)))
     return metrics
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,9 +42,22 @@ def quiet_library_noise() -> None:
     """
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "torchmetrics"):
         logging.getLogger(name).handlers.clear()
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, LightningChatter) for f in rank_zero.filters):
+        rank_zero.addFilter(LightningChatter())
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
     # attnlab.checkpoints.ExactResume puts the loader back where it was, after this warning
     warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
+
+
+class LightningChatter(logging.Filter):
+    """Drops what Lightning says on every run that asks nothing of the user: its "💡 Tip"
+    about a cloud logger, and that it keeps attnlab's model summary callback."""
+
+    PREFIXES = ("💡 Tip", "Trainer already configured with model summary callbacks")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.PREFIXES)
 
 
 def command_line_overrides() -> list[str]:
@@ -184,16 +199,28 @@ def summary(
     }
     width = max(len(k) for k in ["synthesizer", *shown])
     parts = ", ".join(f"{k} {v:,}" for k, v in counts.items() if k != "total")
+    design = {
+        "task": cfg.task.name, "pe": cfg.pe.name, "norm": cfg.norm.name,
+        "synthesizer": cfg.synthesizer.name, "block": cfg.block.name,
+        # the task's own switches of the stack, where it has them (the probe's)
+        **{key: str(cfg.task[key]).lower() for key in ("markers", "causal") if key in cfg.task},
+    }  # fmt: skip
     lines = [
-        f"{'task':<{width}}  {cfg.task.name}",
-        f"{'pe':<{width}}  {cfg.pe.name}",
-        f"{'norm':<{width}}  {cfg.norm.name}",
-        f"{'synthesizer':<{width}}  {cfg.synthesizer.name}",
+        *(f"{k:<{width}}  {v}" for k, v in design.items()),
         f"{'parameters':<{width}}  {counts['total']:,} ({parts})",
         *(f"{k:<{width}}  {_shown(k, v, metrics)}" for k, v in shown.items()),
         f"{'run dir':<{width}}  {run_dir}",
     ]
     return "\n".join(lines)
+
+
+def report(text: str) -> None:
+    """Print the end-of-run summary, and write it to the run's log file (train.log) too."""
+    print(text, flush=True)
+    record = logging.LogRecord(__name__, logging.INFO, __file__, 0, "\n%s", (text,), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def _shown(key: str, value: float, metrics: dict[str, float]) -> str:
@@ -210,9 +237,8 @@ def resolve_output_dir(cfg: DictConfig) -> str:
     return str(Path(cfg.paths.output_dir).resolve())
 
 
-@rank_zero_only
-def print_config(cfg: DictConfig) -> None:
-    """The resolved config as a tree, a branch per group, at the start of a run."""
+def config_tree(cfg: DictConfig, color: bool) -> str:
+    """The resolved config as a tree, a branch per group, whole (no line is cut)."""
     from rich.console import Console
     from rich.syntax import Syntax
     from rich.tree import Tree
@@ -223,4 +249,22 @@ def print_config(cfg: DictConfig) -> None:
     for name, node in {"run": OmegaConf.create(run_keys), **nodes}.items():
         text = OmegaConf.to_yaml(node, resolve=True).rstrip()
         tree.add(str(name), style="bold").add(Syntax(text, "yaml", theme="ansi_dark"))
-    Console().print(tree)
+    out = io.StringIO()
+    console = Console(file=out, width=10_000, force_terminal=color, no_color=not color)
+    console.print(tree, soft_wrap=True)
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines()) + "\n"
+
+
+@rank_zero_only
+def print_config(cfg: DictConfig) -> None:
+    """The config tree at the start of a run or, in a sweep, of its first job only (the
+    others differ by their overrides alone)."""
+    job = HydraConfig.get().job if HydraConfig.initialized() else None
+    if job is None or HydraConfig.get().mode != RunMode.MULTIRUN or job.num == 0:
+        print(config_tree(cfg, color=sys.stdout.isatty()), end="", flush=True)
+
+
+@rank_zero_only
+def save_config_tree(cfg: DictConfig, output_dir: str) -> None:
+    """<run dir>/config_tree.log: the tree of every run, sweep jobs included."""
+    Path(output_dir, "config_tree.log").write_text(config_tree(cfg, color=False))

@@ -57,14 +57,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     )
 
     run.quiet_library_noise()
-    if cfg.extras.print_config:
-        run.print_config(cfg)
     output_dir = run.resolve_output_dir(cfg)
     resuming = cfg.ckpt_path is not None and run_directory(Path(cfg.ckpt_path)) == Path(output_dir)
     first = rank_zero_only.rank == 0  # the process that writes the run's files
     if first and not resuming and status.read(Path(output_dir)) is not None:
         raise holds_a_run(output_dir)  # main() refuses it first, where the command line says
+    if cfg.extras.print_config:
+        run.print_config(cfg)
     with status.tracking(Path(output_dir), enabled=first, resumed=resuming) as tracker:
+        run.save_config_tree(cfg, output_dir)
         run.check_sweep_devices(cfg)
         run.check_settings(cfg)
         L.seed_everything(cfg.seed, workers=True)
@@ -88,7 +89,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 metrics = fit_and_test(cfg, trainer, system, datamodule)
         finally:
             tracker.update(steps=trainer.global_step)
-    print(run.summary(cfg, counts, metrics, output_dir), flush=True)
+    run.report(run.summary(cfg, counts, metrics, output_dir))
     return metrics
 
 

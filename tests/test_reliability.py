@@ -135,3 +135,27 @@ def test_hypotheses_end_by_the_absolute_cap_whatever_the_source_length():
     padding[1, 10:] = True
     limits = max_target_lengths(decoding_model(pe="sinusoidal"), padding, 1.2, 10, 256)
     assert limits.tolist() == [256, 22]
+
+
+def test_a_lightning_trainer_argument_not_in_the_trainer_config_is_a_setting():
+    from attnlab.preflight import check_setting_keys
+
+    args = ["trainer.accumulate_grad_batches=2", "trainer.max_epochs=3", "pe=rope"]
+    assert check_setting_keys(args, "train") == ["++trainer.accumulate_grad_batches=2", *args[1:]]
+    with pytest.raises(ConfigError, match=r"did you mean trainer.accumulate_grad_batches\?"):
+        check_setting_keys(["trainer.acumulate_grad_batches=2"], "train")
+
+
+@pytest.mark.slow
+def test_train_py_takes_a_trainer_argument_and_uses_it(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable, "train.py", "trainer.accumulate_grad_batches=2", "model=tiny",
+            "trainer.max_epochs=1", "task.data.train_size=256", "extras.print_config=false",
+            "callbacks.progress_bar.refresh_rate=0", f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    # 256 examples in batches of 64, two batches an optimizer step
+    assert '"steps": 2' in (tmp_path / "status.json").read_text()

@@ -110,6 +110,7 @@ def test_ddp_over_two_cpu_processes_trains_tests_and_leaves_a_checkpoint_for_one
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert (tmp_path / "train_ddp_process_1.log").is_file(), "a second rank ran"
     assert "test/acc" in result.stdout and "sync_dist=True" not in result.stderr
+    assert result.stdout.count("run dir ") == 1, "one summary, from rank zero"
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1, "only rank zero logs"
     assert status.read(tmp_path).state == "completed"
     evaluated = subprocess.run(
@@ -228,3 +229,23 @@ def test_the_config_tree_keeps_every_line_whole_when_not_on_a_terminal(make_conf
     long = "x" * 300
     text = config_tree(make_config([f"tags=[{long}]"]), color=False)
     assert f"- {long}" in text and "\x1b[" not in text  # no 80-column crop, no colour codes
+
+
+def test_training_metrics_are_averaged_over_ranks_and_the_others_kept():
+    from types import SimpleNamespace
+
+    from attnlab.train import averaged_over_ranks
+
+    calls = []
+
+    def reduce(value, reduce_op):  # as if the other rank logged 0
+        calls.append(reduce_op)
+        return value / 2
+
+    trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(reduce=reduce))
+    metrics = {"val/acc": 0.5, "train/loss": 3.0, "train/tokens_per_s": 100.0}
+    assert averaged_over_ranks(trainer, metrics) == {
+        "val/acc": 0.5, "train/loss": 1.5, "train/tokens_per_s": 50.0
+    }  # fmt: skip
+    assert calls == ["mean", "mean"]
+    assert averaged_over_ranks(SimpleNamespace(world_size=1), metrics) == metrics

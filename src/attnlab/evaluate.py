@@ -92,7 +92,7 @@ def main() -> None:
                 "last.ckpt (the latest state) or <run>/checkpoints/epoch_NNN.ckpt (the best)"
             )
         arguments = evaluation_arguments(args)
-        check_setting_keys(arguments, "eval")
+        arguments = check_setting_keys(arguments, "eval")
         if (run_dir := argument(args, "hydra.run.dir")) is not None:
             check_writable(Path(run_dir))
     except ConfigError as error:

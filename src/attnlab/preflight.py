@@ -3,7 +3,9 @@
 A misspelled setting (`model.dmodel=64`) makes Hydra suggest `+model.dmodel=64`, which would
 add a setting that nothing reads; here it is an error that names the settings there are. So
 is a group that does not exist, added with `+` (`+optimizer=adam`), which Hydra would take
-as a new top-level setting.
+as a new top-level setting. An argument of Lightning's Trainer that conf/trainer does not
+list (`trainer.accumulate_grad_batches=2`) is a setting all the same: the Trainer's
+signature says so, and the override is passed on as `++trainer.accumulate_grad_batches=2`.
 """
 
 from __future__ import annotations
@@ -38,42 +40,58 @@ def check_added_groups(args: list[str]) -> None:
             )
 
 
-def check_setting_keys(args: list[str], config_name: str) -> None:
-    """Raise a ConfigError for an override of a setting, or an added group, that does not
+def trainer_parameters() -> set[str]:
+    import inspect
+
+    from lightning.pytorch import Trainer
+
+    return set(inspect.signature(Trainer.__init__).parameters) - {"self"}
+
+
+def check_setting_keys(args: list[str], config_name: str) -> list[str]:
+    """`args`, each Trainer argument the trainer config does not list made `++trainer.…`;
+    raise a ConfigError for an override of a setting, or an added group, that does not
     exist."""
     check_added_groups(args)
     if any(arg.startswith("-") for arg in args):  # -m, --help, --cfg: Hydra's own business
-        return
+        return args
     try:
         overrides = OverridesParser.create().parse_overrides(args)
     except Exception:
-        return  # a syntax error: Hydra says where
+        return args  # a syntax error: Hydra says where
     settings = [
         o for o in overrides
         if "." in o.key_or_group and not o.key_or_group.startswith("hydra.")
         and not (o.is_add() or o.is_force_add() or o.is_delete() or o.package is not None)
     ]  # fmt: skip
     if not settings:
-        return
+        return args
     choices = [arg for arg, o in zip(args, overrides, strict=True) if "." not in o.key_or_group]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(config_name, overrides=choices)
     except Exception:
-        return  # a bad choice: Hydra lists the options
+        return args  # a bad choice: Hydra lists the options
     finally:
         GlobalHydra.instance().clear()
+    trainer_arguments = []
     for override in settings:
         parent_key, _, leaf = override.key_or_group.rpartition(".")
         parent = OmegaConf.select(cfg, parent_key, throw_on_resolution_failure=False)
         if isinstance(parent, DictConfig) and leaf in parent:
             continue
+        if parent_key == "trainer" and leaf in trainer_parameters():
+            trainer_arguments.append(override.input_line)
+            continue
         if not isinstance(parent, DictConfig):
             raise ConfigError(f"{override.key_or_group} is not a setting: there is no {parent_key}")
         names = sorted(str(key) for key in parent)
+        if parent_key == "trainer":  # what the Trainer takes, listed or not
+            names = sorted({*names, *trainer_parameters()} - {"_target_"})
         close = difflib.get_close_matches(leaf, names, n=1)
         hint = f" (did you mean {parent_key}.{close[0]}?)" if close else ""
         raise ConfigError(
             f"{override.key_or_group} is not a setting{hint}: {parent_key} has {', '.join(names)}"
         )
+    return [f"++{arg}" if arg in trainer_arguments else arg for arg in args]

@@ -89,7 +89,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 metrics = fit_and_test(cfg, trainer, system, datamodule)
         finally:
             tracker.update(steps=trainer.global_step)
-    run.report(run.summary(cfg, counts, metrics, output_dir))
+    if first:
+        run.report(run.summary(cfg, counts, metrics, output_dir))
     return metrics
 
 
@@ -102,7 +103,7 @@ def fit_and_test(
     checkpoint = trainer.checkpoint_callback
     if cfg.train:
         trainer.fit(system, datamodule, ckpt_path=cfg.ckpt_path)
-        metrics.update(run.scalar_metrics(trainer.callback_metrics))
+        metrics.update(averaged_over_ranks(trainer, run.scalar_metrics(trainer.callback_metrics)))
         if checkpoint is not None and checkpoint.best_model_score is not None:
             metrics[f"best/{cfg.optimized_metric}"] = float(checkpoint.best_model_score)
     if cfg.test:
@@ -112,6 +113,21 @@ def fit_and_test(
         (results,) = trainer.test(system, datamodule, ckpt_path=best or None, verbose=False)
         metrics.update(run.scalar_metrics(results))
     return metrics
+
+
+def averaged_over_ranks(trainer: L.Trainer, metrics: dict[str, float]) -> dict[str, float]:
+    """The training metrics (each DDP rank logged its own batches' values) averaged over the
+    ranks; validation and test metrics are already computed over every rank's share."""
+    import torch
+
+    if trainer.world_size == 1:
+        return metrics
+    averaged = {}
+    for key in sorted(metrics):  # the same collectives, in the same order, on every rank
+        if key.startswith("train/"):
+            value = torch.tensor(metrics[key], dtype=torch.float64)
+            averaged[key] = float(trainer.strategy.reduce(value, reduce_op="mean"))
+    return metrics | averaged
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
@@ -248,7 +264,10 @@ def main() -> None:
     args = sys.argv[1:]
     try:
         resumed = training_arguments(args)
-        check_setting_keys(args if resumed is None else resumed, "train")
+        if resumed is None:
+            args = sys.argv[1:] = check_setting_keys(args, "train")
+        else:
+            resumed = check_setting_keys(resumed, "train")
         if first_process():  # the others run in rank 0's directory
             check_directories(args if resumed is None else resumed)
         check_launcher(args)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +24,22 @@ from attnlab.shape import StackShape
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def train_py(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """train.py in a process of its own: one epoch of a tiny probe model into `run_dir`,
+    quiet, `overrides` after those settings; it must succeed."""
+    result = subprocess.run(
+        [
+            sys.executable, "train.py", "model=tiny", "trainer.max_epochs=1",
+            "extras.print_config=false", "callbacks.progress_bar.refresh_rate=0", *overrides,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
 
 # every pe runs in a causal stack; a few lines of Shakespeare for language-model tests
 CAUSAL_PES = options("pe")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, train_py
 
 from attnlab.checkpoints import AtomicCheckpointIO
 from attnlab.config import ConfigError, to_dict
@@ -121,15 +121,7 @@ def test_a_run_recorded_before_data_seed_keeps_the_data_its_seed_drew(data, adde
 def checkpoint(tmp_path_factory) -> Path:
     """A real checkpoint of a 1-epoch tiny probe run."""
     run_dir = tmp_path_factory.mktemp("run")
-    result = subprocess.run(
-        [
-            sys.executable, "train.py", "model=tiny", "trainer.max_epochs=1",
-            "task.data.train_size=64", "task.data.max_len=8", "test=false",
-            "extras.print_config=false", f"hydra.run.dir={run_dir}",
-        ],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
+    train_py(run_dir, "task.data.train_size=64", "task.data.max_len=8", "test=false")
     return run_dir / "checkpoints" / "last.ckpt"
 
 

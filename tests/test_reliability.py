@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, first_then_slow
+from helpers import ROOT, first_then_slow, train_py
 from test_decoding import model as decoding_model
 from test_translation_data import local, sentence_pairs, write_split
 
@@ -148,14 +148,6 @@ def test_a_lightning_trainer_argument_not_in_the_trainer_config_is_a_setting():
 
 @pytest.mark.slow
 def test_train_py_takes_a_trainer_argument_and_uses_it(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable, "train.py", "trainer.accumulate_grad_batches=2", "model=tiny",
-            "trainer.max_epochs=1", "task.data.train_size=256", "extras.print_config=false",
-            "callbacks.progress_bar.refresh_rate=0", f"hydra.run.dir={tmp_path}",
-        ],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
+    train_py(tmp_path, "trainer.accumulate_grad_batches=2", "task.data.train_size=256")
     # 256 examples in batches of 64, two batches an optimizer step
     assert '"steps": 2' in (tmp_path / "status.json").read_text()

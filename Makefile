@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-gpu
+.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-gpu
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ bench-lm: install ## nanoGPT's Shakespeare run over 3 seeds (vs its 1.88), Light
 
 bench-causal: install ## attnlab's causal LM vs nn.TransformerEncoder, eager and compiled -> BENCHMARKS.md
 	$(PY) benchmarks/causal.py
+
+bench-disk: install ## disk per finished run, before and after weights-only best checkpoints -> BENCHMARKS.md
+	$(PY) benchmarks/disk.py
 
 bench-gpu: install ## on a CUDA machine: FlexAttention check, speed vs nn.Transformer and x-transformers, variants, decoding, the causal stack in bf16 and on FlashAttention -> BENCHMARKS.md
 	$(PY) benchmarks/gpu.py check

@@ -25,7 +25,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 QUIET = [
     "~logger",
     "callbacks.progress_bar.refresh_rate=0",
-    "+trainer.enable_model_summary=false",
+    "callbacks.model_summary.max_depth=0",  # no model summary
     "extras.print_config=false",
 ]
 

@@ -146,3 +146,11 @@ def test_a_report_writes_its_section_only_at_the_documented_settings(tmp_path, m
     assert target.read_text() == (
         "# Benchmarks\n\n<!-- x:start -->\nnew figures\n<!-- x:end -->\n\ntail\n"
     )
+
+
+@pytest.mark.slow
+def test_the_disk_benchmark_runs_in_smoke_mode(tmp_path):
+    result = run_smoke("disk.py", "--smoke", tmp_path=tmp_path)
+    rows = table_rows(result.stdout)[1:]  # after the header
+    ratios = [float(row.rstrip(" |").rsplit("| ", 1)[1]) for row in rows]
+    assert len(rows) == 4 and ratios[0] == 1.0 and max(ratios[1:]) < 1.0

@@ -334,7 +334,7 @@ def lm_checkpoint(tmp_path_factory) -> Path:
     for split in ("train", "valid", "test"):
         (data / f"{split}.txt").write_text(TEXT, encoding="utf-8")
     overrides = [
-        "~logger", "callbacks.progress_bar.refresh_rate=0", "+trainer.enable_model_summary=false",
+        "~logger", "callbacks.progress_bar.refresh_rate=0", "callbacks.model_summary.max_depth=0",
         "extras.print_config=false", "task=lm", "task.data.source=local", f"task.data.dir={data}",
         "task.data.tokenizer=char", f"paths.data_dir={root / 'cache'}", "model=tiny", "pe=rope",
         "task.data.block_size=8", "task.data.eval_lengths=[8,32]", "trainer.max_steps=3",

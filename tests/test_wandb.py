@@ -69,12 +69,8 @@ def test_every_job_of_a_sweep_is_its_own_offline_wandb_run(wandb_sweep):
 def test_the_wandb_config_is_the_run_config_without_metadata_or_machine_paths(wandb_sweep):
     run = offline_runs(wandb_sweep)["0"]
     config = run.config
-    assert config["pe"] == {
-        "name": "rope",
-        "base": 10000.0,
-        "rotary_dim": None,
-        "layout": "interleaved",
-    }
+    assert config["pe"]["name"] == "rope" and config["pe"]["base"] == 10000.0
+    assert config["pe"]["layout"] == "interleaved" and config["pe"]["scaling"] is None
     assert config["norm"]["name"] == "l2" and config["synthesizer"]["name"] == "dot"
     assert config["task"]["name"] == "probe" and config["model"]["d_model"] == 32
     assert config["optim"]["lr"] == 1e-3 and "optim" not in config["task"]
@@ -189,3 +185,39 @@ def test_a_translation_run_logs_sacrebleus_signatures_with_its_config(tmp_path):
     assert config["params"]["pe"] == system.parameter_counts()["pe"] > 0
     assert config["task"]["data"]["source"] == "hub" and "cache_dir" not in config["task"]["data"]
     assert config["decode"]["beam"] == 4 and config["optim"]["schedule"] == "inverse_sqrt"
+
+
+def test_a_runs_name_is_the_choices_that_set_it_apart_and_short():
+    from attnlab.logger.wandb import NAME_LENGTH, run_name
+
+    overrides = [
+        "pe=rope", "norm=l2", "task.data.dir=../shared/data/multi30k", "logger=wandb",
+        "++trainer.limit_val_batches=1", "hydra/launcher=joblib", "tags=[a,b]", "seed=1",
+        "extras.print_config=false", "callbacks.progress_bar.refresh_rate=0",
+    ]  # fmt: skip
+    assert run_name(overrides) == "pe=rope,norm=l2,seed=1"
+    long = run_name([f"model.d_model={'9' * 300}"])
+    assert len(long) == NAME_LENGTH and long.endswith("…")
+    assert run_name(["logger=wandb"]) is None  # then W&B names it
+
+
+def test_a_single_run_is_grouped_by_its_task(tmp_path):
+    from attnlab.logger.wandb import WandbLogger
+
+    logger = WandbLogger(save_dir=str(tmp_path), mode="offline", job_type="probe")
+    assert logger._wandb_init["group"] == "probe"
+
+
+def test_the_logged_config_holds_no_file_location_and_one_epoch_budget(tmp_path):
+    from types import SimpleNamespace
+
+    from attnlab.run import logged_config
+
+    system = SimpleNamespace(describe=dict)  # what logged_config asks of a system
+    translation = compose_config(
+        ["task=multi30k", "task.data.source=local", "task.data.dir=../shared/data/multi30k"],
+        tmp_path,
+    )
+    assert "dir" not in logged_config(translation, system)["task"]["data"]
+    config = logged_config(compose_config(["trainer.max_epochs=2"], tmp_path), system)
+    assert config["trainer"]["max_epochs"] == 2 and "max_epochs" not in config["task"]

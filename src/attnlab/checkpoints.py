@@ -5,6 +5,9 @@
   when a run is interrupted (Ctrl-C, SIGTERM) or fails, except when it diverged (the last
   finite state is worth more). An interrupted run logs the command that resumes it. A
   `fast_dev_run` (debug=fast: does the configuration run?) writes none, as Lightning's own.
+- The best checkpoint (`epoch_NNN.ckpt`) holds the weights, the tokenizers and the run's
+  record: what evaluation needs, not the optimizer (`save_weights_only`). `last.ckpt` holds
+  the whole training state, and a finished run drops it where `keep_when_done` is false.
 - A checkpoint carries what an exact resume needs besides Lightning's own state (`ExactResume`:
   the random generators, the position in the epoch's batches) and the run's record
   (`RunRecord`: its overrides and resolved config).
@@ -35,7 +38,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from attnlab.config import ConfigError, Diverged, MachineError, refused_by_machine
 from attnlab.data.loader import ResumableLoader
 from attnlab.logger.csv import CSVLogger
-from attnlab.resume import LAST, RECORD_KEY
+from attnlab.resume import LAST
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +82,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class RunRecord(L.Callback):
-    """Stores the run's overrides and resolved config in every checkpoint, so that
-    `eval.py ckpt_path=...` can rebuild the run without its log directory."""
+    """Gives the system the run's overrides and resolved config, which it stores in every
+    checkpoint (`System.on_save_checkpoint`, called also for the best checkpoint's weights-only
+    save, where callbacks are not), so that `eval.py ckpt_path=...` can rebuild the run
+    without its log directory."""
 
     def __init__(self, overrides: list[str], config: dict[str, Any]) -> None:
         self.record = {"overrides": overrides, "config": config}
 
-    def on_save_checkpoint(
-        self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict
-    ) -> None:
-        checkpoint[RECORD_KEY] = self.record
+    def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        module.run_record = self.record
 
 
 def random_states() -> dict[str, Any]:
@@ -160,7 +163,11 @@ class LatestCheckpoint(L.Callback):
     without a checkpoint: a step cut halfway is no state to resume from)."""
 
     def __init__(
-        self, dirpath: str, every_n_minutes: float | None = 10, every_n_steps: int | None = None
+        self,
+        dirpath: str,
+        every_n_minutes: float | None = 10,
+        every_n_steps: int | None = None,
+        keep_when_done: bool = True,
     ) -> None:
         if every_n_minutes is not None and every_n_steps is not None:
             raise ConfigError(
@@ -169,6 +176,7 @@ class LatestCheckpoint(L.Callback):
             )
         self.path = Path(dirpath) / LAST
         self.every_n_minutes, self.every_n_steps = every_n_minutes, every_n_steps
+        self.keep_when_done = keep_when_done
         self.saved_at = time.monotonic()
         self.saved_step = -1
         self.previous_handler: Any = None
@@ -209,7 +217,13 @@ class LatestCheckpoint(L.Callback):
         self.save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        if trainer.global_step != self.saved_step:
+        """Training finished (its step budget, early stopping, max_epochs; an interrupt is
+        on_exception): the final state, or, with keep_when_done false, none."""
+        if not self.keep_when_done:
+            if trainer.is_global_zero and self.path.is_file():
+                self.path.unlink()
+                log.info("training finished: %s dropped (keep_when_done=false)", self.path)
+        elif trainer.global_step != self.saved_step:
             self.save(trainer)
 
     def on_exception(

@@ -1,6 +1,6 @@
 """`attnlab compare DIR`, `attnlab dashboard --project P --group G`, `attnlab archive SWEEP DEST`,
-`attnlab results` and `attnlab generate ckpt_path=... prompt=...` (see README and
-attnlab.generation)."""
+`attnlab results`, `attnlab prune DIR` and `attnlab generate ckpt_path=... prompt=...` (see
+README, attnlab.prune and attnlab.generation)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,14 @@ def parser() -> argparse.ArgumentParser:
     results.add_argument(
         "--check", action="store_true", help="write nothing; fail if a table is out of date"
     )
+    prune = commands.add_parser(
+        "prune",
+        help="free the disk that finished runs below a directory no longer need",
+        description="For each completed run below DIR: removes checkpoints/last.ckpt and "
+        "drops the optimizer state from its best checkpoint; says how much it freed. Runs "
+        "that are running, failed or were interrupted are left whole.",
+    )
+    prune.add_argument("directory", type=Path, help="a run, a sweep, or logs/")
     generate = commands.add_parser(
         "generate",
         help="continue a prompt with a language model checkpoint (task=lm)",
@@ -97,10 +105,24 @@ def main(argv: list[str] | None = None) -> None:
             print(f"archived the records of {count} runs in {args.destination}")
         elif args.command == "generate":
             print_generated(args.settings)
+        elif args.command == "prune":
+            print_pruned(args.directory)
         else:
             update_results(args.file, args.check)
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
+
+
+def print_pruned(directory: Path) -> None:
+    from attnlab.prune import prune
+
+    if not directory.is_dir():
+        raise ConfigError(f"{directory} is not a directory: pass a run or sweep directory")
+    pruned = prune(directory)
+    print(
+        f"{pruned.runs} finished runs below {directory}: removed or rewrote {pruned.files} "
+        f"checkpoints, freed {pruned.freed / 2**20:,.1f} MiB"
+    )
 
 
 def update_results(path: Path, check: bool) -> None:

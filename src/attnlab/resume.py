@@ -232,10 +232,16 @@ def training_arguments(args: list[str]) -> list[str] | None:
             "ckpt_path= resumes one run, so it takes no flags (-m, --cfg, ...): run each "
             "resumed job on its own"
         )
-    record = stored_record(args)
-    if record is None:
+    path = argument(args, "ckpt_path")
+    if path in (None, "null"):
         return None
-    stored = stored_overrides(record)
+    checkpoint = read_checkpoint(path)
+    if "optimizer_states" not in checkpoint:
+        raise ConfigError(
+            f"{path} holds the weights only (a run's best checkpoint), not a training state to "
+            f"resume: resume from checkpoints/{LAST} of its run, or evaluate it with eval.py"
+        )
+    stored = stored_overrides(checkpoint[RECORD_KEY])
     check_data_present(stored, args, "train.py")
     resumed = [*stored, *args]
     directory = run_directory(Path(argument(args, "ckpt_path")))

@@ -129,13 +129,18 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.
 NOT_LOGGED = ("paths", "hydra", "logger", "callbacks", "extras")  # where outputs go, not what ran
 
 
+# settings that locate files on one machine, relative or absolute: not logged
+LOCATIONS = ("dir", "file", "test_src", "test_tgt", "cache_dir", "data_dir")
+
+
 def _portable(node: Any) -> Any:
-    """`node` without metadata keys and without absolute (machine-specific) paths."""
+    """`node` without metadata keys and without file locations (machine-specific)."""
     if isinstance(node, dict):
         return {
             key: _portable(value)
             for key, value in node.items()
-            if key not in DESCRIPTIVE and not (isinstance(value, str) and os.path.isabs(value))
+            if key not in (*DESCRIPTIVE, *LOCATIONS)
+            and not (isinstance(value, str) and os.path.isabs(value))
         }
     if isinstance(node, list):
         return [_portable(item) for item in node]
@@ -148,6 +153,7 @@ def logged_config(cfg: DictConfig, system: System) -> dict[str, Any]:
     system reports about itself (parameter counts; for translation, sacreBLEU's signature)."""
     config = _portable({k: v for k, v in to_dict(cfg).items() if k not in NOT_LOGGED})
     config["optim"] = config["task"].pop("optim")
+    config["task"].pop("max_epochs", None)  # trainer.max_epochs holds what the run used
     return {**config, **system.describe()}
 
 

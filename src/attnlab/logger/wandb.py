@@ -6,9 +6,10 @@
   says what to do (never an interactive prompt, never wandb's own ~100 s wait).
 - The mode goes to `wandb.init`, not through WANDB_MODE, which Lightning's `offline=True`
   sets for the whole process, and so for every later job of a sweep.
-- `group`: the experiment's name, else in a multirun the sweep directory's name; `name`: the
-  run's overrides (`pe=rope,norm=l2`); `job_type`: the task; tags: the run's tags plus
-  `pe=…`, `norm=…`, `synthesizer=…`, `task=…`, `model=…`.
+- `group`: the experiment's name, else in a multirun the sweep directory's name, else the
+  task's; `name`: the choices that set the run apart (`pe=rope,norm=l2`): its overrides less
+  paths, debugging limits and where output goes, at most NAME_LENGTH characters; `job_type`:
+  the task; tags: the run's tags plus `pe=…`, `norm=…`, `synthesizer=…`, `task=…`, `model=…`.
 - The summary of the optimized metric holds its best and its last value
   (`val/acc.max`, `val/acc.last`).
 - Accuracy by position (`val/acc_pos/<p>`, the probe's) goes to W&B as one table and line
@@ -39,6 +40,12 @@ from attnlab.config import ConfigError
 log = logging.getLogger(__name__)
 
 MODES = ("offline", "online", "disabled")
+NAME_LENGTH = 128  # what W&B shows of a run's name
+# overrides that say where output goes or how a run was cut short, not what ran
+NOT_NAMING = re.compile(
+    r"(hydra|paths|logger|callbacks|extras|experiment|hparams_search|debug|tags|ckpt_path|run_dir)"
+    r"(\.|/|=)|trainer\.(limit_\w+|fast_dev_run|num_sanity_val_steps|log_every_n_steps)="
+)
 BY_POSITION = re.compile(r"(?P<stage>\w+)/acc_pos/(?P<position>\d+)")
 
 
@@ -69,6 +76,22 @@ def default_group() -> str | None:
     if experiment:
         return experiment
     return Path(hydra.sweep.dir).name if hydra.mode == RunMode.MULTIRUN else None
+
+
+def run_name(overrides: Sequence[str]) -> str | None:
+    """The overrides that set a run apart, "pe=rope,norm=l2": none that holds a path or says
+    where output goes or how the run was cut short; at most NAME_LENGTH characters."""
+    kept = [
+        override.lstrip("+~")
+        for override in overrides
+        if not NOT_NAMING.match(override.lstrip("+~")) and "/" not in override.partition("=")[2]
+    ]
+    name = ",".join(kept)
+    return name[: NAME_LENGTH - 1] + "…" if len(name) > NAME_LENGTH else name or None
+
+
+def command_line() -> list[str]:
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
 def by_position_plot(stage: str, accuracy: Mapping[int, float]) -> Any:
@@ -110,8 +133,8 @@ class WandbLogger(LightningWandbLogger):
             project=project,
             entity=entity,
             mode=mode,
-            group=group or default_group(),
-            name=name or None,
+            group=group or default_group() or job_type,
+            name=name or run_name(command_line()),
             job_type=job_type,
             tags=[*tags, *(f"{key}={value}" for key, value in (choices or {}).items())],
             settings=wandb.Settings(silent=True),

@@ -15,6 +15,7 @@ from attnlab.model.config import Architecture
 from attnlab.norm.base import Normalizer
 from attnlab.optim import check_optim, configure_adamw
 from attnlab.pe.base import PositionalEncoding
+from attnlab.resume import RECORD_KEY
 from attnlab.synthesizer.base import Synthesizer
 
 PART_TYPES = {"pe": PositionalEncoding, "synthesizer": Synthesizer, "norm": Normalizer}
@@ -37,6 +38,7 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
 
 class System(L.LightningModule):
     net: nn.Module  # the network the subclass builds from `architecture`
+    run_record: dict[str, Any] | None = None  # the run's overrides and config (RunRecord)
 
     def __init__(self, architecture: dict, optim: dict) -> None:
         super().__init__()
@@ -53,6 +55,10 @@ class System(L.LightningModule):
         their shapes change at every step."""
         if self.architecture.model.compile:
             self.net.compile()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.run_record is not None:
+            checkpoint[RECORD_KEY] = self.run_record
 
     def configure_optimizers(self) -> dict:
         return configure_adamw(self, int(self.trainer.estimated_stepping_batches), **self.optim)

@@ -234,6 +234,7 @@ class LMSystem(System):
     # checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         if self.tokenizer is None:
             raise ConfigError("the language model has no tokenizer to store with its weights")
         checkpoint[TOKENIZER_KEY] = {

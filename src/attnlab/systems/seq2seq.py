@@ -192,6 +192,7 @@ class Seq2SeqSystem(System):
                 )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint[VOCABULARY_KEY] = self.tokenizers.serialized()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

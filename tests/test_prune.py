@@ -1,0 +1,61 @@
+"""Runs that fit on a disk: the best checkpoint holds what evaluation needs, a finished sweep
+job drops its training state, `attnlab prune` frees what finished runs no longer need."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab import status
+from attnlab.cli import main as attnlab
+from attnlab.config import ConfigError
+from attnlab.prune import TRAINING_STATE, prune
+from attnlab.resume import RECORD_KEY, training_arguments
+from attnlab.train import train
+
+TINY = ["model=tiny", "task.data.train_size=256", "task.data.max_len=8", "trainer.max_epochs=2"]
+
+
+def keys(path: Path) -> set[str]:
+    return set(torch.load(path, weights_only=True))
+
+
+def test_the_best_checkpoint_holds_weights_and_the_record_not_the_optimizer(make_config, tmp_path):
+    train(make_config(TINY))
+    (best,) = (tmp_path / "checkpoints").glob("epoch_*.ckpt")
+    assert {"state_dict", RECORD_KEY} <= keys(best) and not keys(best) & set(TRAINING_STATE)
+    assert "optimizer_states" in keys(tmp_path / "checkpoints" / "last.ckpt")
+    assert best.stat().st_size < (tmp_path / "checkpoints" / "last.ckpt").stat().st_size / 2
+    with pytest.raises(
+        ConfigError, match=r"holds the weights only .* resume from checkpoints/last"
+    ):
+        training_arguments([f"ckpt_path={best}"])
+
+
+def test_a_finished_run_with_keep_when_done_false_drops_its_training_state(make_config, tmp_path):
+    train(make_config([*TINY, "callbacks.latest.keep_when_done=false"]))
+    assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
+    assert len(list((tmp_path / "checkpoints").glob("epoch_*.ckpt"))) == 1
+
+
+def test_prune_frees_finished_runs_and_leaves_the_others_whole(make_config, tmp_path, capsys):
+    # a best checkpoint as written before they held the weights only
+    train(make_config([*TINY, "callbacks.model_checkpoint.save_weights_only=false"]))
+    sweep = tmp_path.parent / f"{tmp_path.name}_sweep"
+    shutil.copytree(tmp_path, sweep / "0")
+    shutil.copytree(tmp_path, sweep / "1")
+    running = status.read(sweep / "1")
+    running.state = "interrupted"
+    running.write(sweep / "1")
+    (best,) = (sweep / "0" / "checkpoints").glob("epoch_*.ckpt")
+    before = best.stat().st_size
+    attnlab(["prune", str(sweep)])
+    assert "1 finished runs below" in capsys.readouterr().out
+    assert not (sweep / "0" / "checkpoints" / "last.ckpt").exists()
+    assert best.stat().st_size < before and not keys(best) & set(TRAINING_STATE)
+    assert {"state_dict", RECORD_KEY} <= keys(best)
+    assert (sweep / "1" / "checkpoints" / "last.ckpt").is_file(), "an interrupted run resumes"
+    assert prune(sweep).files == 0, "a second prune finds nothing left"

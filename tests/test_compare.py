@@ -167,10 +167,18 @@ def test_runs_that_never_trained_are_named_under_the_table_not_compared(tmp_path
     assert note == [
         "Never trained, so not in the table: 2 runs",
         "- bad: failed before its first step: attnlab.config.ConfigError: 'rope' has no option "
-        "max_len; its options are: base, layout, rotary_dim",
+        f"max_len; its options are: {', '.join(rope_options())}",
         "- fast: a fast_dev_run (debug=fast), a check that the configuration runs",
     ]
     assert "\n".join(note) in (tmp_path / "comparison.md").read_text()
+
+
+def rope_options() -> list[str]:
+    """pe=rope's settings, as its YAML lists them (less name and metadata)."""
+    from attnlab.options import CONFIG_DIR
+
+    node = yaml.safe_load((CONFIG_DIR / "pe" / "rope.yaml").read_text())
+    return sorted(set(node) - {"_target_", "name", "description", "paper"})
 
 
 def test_booleans_print_one_way_however_a_run_wrote_them(tmp_path):

@@ -23,6 +23,9 @@ SMALL_DATA = {
     ],
     "lm": [],
 }  # fmt: skip
+SMALL_DATA |= {
+    task: ["task.data.train_size=64"] for task in options("task") if task not in SMALL_DATA
+}
 
 
 @pytest.mark.slow

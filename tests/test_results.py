@@ -217,3 +217,20 @@ def test_a_blocks_budget_line_is_read_from_the_runs_configs_and_statuses(tmp_pat
         "100 examples only; checkpoint tested: best val/acc (max) on validation; stopped early "
         "on val/acc at 0.99."
     )
+
+
+def test_with_seeds_swept_the_curves_are_configurations_with_their_range(tmp_path, monkeypatch):
+    from attnlab.compare import report
+
+    drawn = {}
+    monkeypatch.setattr(
+        report, "curves_figure", lambda curves, metric: drawn.setdefault(metric, curves)
+    )
+    monkeypatch.setattr(report, "save", lambda figure, path: path)
+    for pe in ("rope", "t5"):
+        for seed, losses in enumerate(([3.0, 2.0], [5.0, 4.0])):
+            rows = [{"step": s, "val/loss": loss} for s, loss in zip((10, 20), losses, strict=True)]
+            fake_run(tmp_path / f"{pe}{seed}", [f"pe={pe}", f"seed={seed}"], rows)
+    compare(tmp_path)
+    band = ([10, 20], [4.0, 3.0], [3.0, 2.0], [5.0, 4.0])  # steps, mean, smallest, largest
+    assert drawn["val/loss"] == {"pe=rope (2 seeds)": band, "pe=t5 (2 seeds)": band}

@@ -91,7 +91,8 @@ class AttentionMaps(L.Callback):
             module.train(was_training)
         figure = attention_figure(
             {name: weights.float().cpu().numpy() for name, weights in maps.items()},
-            "attention weights: the longest example of the first validation batch",
+            f"attention weights of the final weights (step {trainer.global_step}): the "
+            "longest example of the first validation batch",
         )
         path = save(figure, Path(trainer.default_root_dir) / self.filename)
         for logger in trainer.loggers:

@@ -10,6 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 
+LABELLED = 16  # an example this long or shorter gets its positions on the axes
 CELL = 1.7  # inches per heat-map panel
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
 # x, and the mean, smallest and largest value (over seeds) at each x
@@ -23,19 +24,31 @@ def save(figure: Figure, path: Path) -> Path:
 
 
 def attention_figure(maps: Mapping[str, np.ndarray], title: str) -> Figure:
-    """One panel per layer (rows) and head (columns) of weights [H, Lq, Lk]."""
+    """One panel per layer (rows) and head (columns) of weights [H, Lq, Lk], one colour scale
+    per layer (0 to its largest weight) with its colour bar; positions on the axes of an
+    example of at most LABELLED positions."""
     heads = max(weights.shape[0] for weights in maps.values())
-    figure = Figure(figsize=(CELL * heads + 1.5, CELL * len(maps) + 0.6))
+    figure = Figure(figsize=(CELL * heads + 2.2, CELL * len(maps) + 0.8))
     axes = figure.subplots(len(maps), heads, squeeze=False)
     for row, (name, weights) in zip(axes, maps.items(), strict=True):
+        largest = float(weights.max()) or 1.0
+        image = None
         for head, ax in enumerate(row):
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if head < weights.shape[0]:
-                ax.imshow(weights[head], cmap="viridis", interpolation="nearest")
-            else:
+            if head >= weights.shape[0]:
                 ax.set_axis_off()
-        row[0].set_ylabel(name, fontsize=7)
+                continue
+            image = ax.imshow(
+                weights[head], cmap="viridis", interpolation="nearest", vmin=0.0, vmax=largest
+            )
+            queries, keys = weights[head].shape
+            labelled = max(queries, keys) <= LABELLED
+            ax.set_xticks(range(keys) if labelled else [])
+            ax.set_yticks(range(queries) if labelled else [])
+            ax.tick_params(labelsize=5, length=0)
+        row[0].set_ylabel(f"{name}\nquery position", fontsize=7)
+        figure.colorbar(image, ax=list(row), fraction=0.02, pad=0.01).ax.tick_params(labelsize=6)
+    for ax in axes[-1]:
+        ax.set_xlabel("key position", fontsize=7)
     for head, ax in enumerate(axes[0]):
         ax.set_title(f"head {head}", fontsize=8)
     figure.suptitle(title, fontsize=9)
@@ -48,16 +61,22 @@ def line_style(index: int) -> str:
     return ("-", "--", ":", "-.")[index // 10 % 4]
 
 
-def curves_figure(
-    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], metric: str
-) -> Figure:
-    """Every run's (steps, values) of one metric on one axis; past the 10 colours of the
+SPLITS = {"val": "validation", "test": "test", "train": "training"}
+
+
+def curves_figure(curves: Mapping[str, Sequence[Sequence[float]]], metric: str) -> Figure:
+    """Each curve's (steps, values), or (steps, mean, smallest, largest) with the range
+    shaded, of one metric on one axis, titled with its split; past the 10 colours of the
     cycle, curves are told apart by their line style."""
     figure = Figure(figsize=(7.5, 4.0))
     ax = figure.subplots()
-    for index, (label, (steps, values)) in enumerate(curves.items()):
+    for index, (label, (steps, values, *spread)) in enumerate(curves.items()):
         marker = "." if len(steps) < 30 else None
-        ax.plot(steps, values, linestyle=line_style(index), marker=marker, label=label)
+        line = ax.plot(steps, values, linestyle=line_style(index), marker=marker, label=label)
+        if spread:
+            ax.fill_between(steps, *spread, color=line[0].get_color(), alpha=0.2, linewidth=0)
+    split = SPLITS.get(metric.split("/")[0], metric.split("/")[0])
+    ax.set_title(f"{metric.split('/', 1)[-1]} on the {split} split", fontsize=9)
     ax.set_xlabel("step")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)

@@ -181,14 +181,22 @@ def write_csv(rows: list[Row], path: Path) -> None:
         writer.writerows(rows)
 
 
-def plot_curves(runs: list[Run], names: dict[str, str], directory: Path) -> list[Path]:
+def plot_curves(
+    runs: list[Run], names: dict[str, str], directory: Path, configs: list[Configuration]
+) -> list[Path]:
+    """A plot per validation metric: every run's curve, or, where seeds were swept
+    (`configs`), every configuration's mean over its seeds with their range shaded."""
     paths = []
     for metric in metric_names(runs, "val/"):
-        curves = {
-            names[run.name]: tuple(zip(*run.metrics[metric], strict=True))
-            for run in runs
-            if run.metrics.get(metric)
-        }
+        if configs:
+            bands = {f"{c.label} ({len(c.runs)} seeds)": c.band(metric) for c in configs}
+            curves = {label: band for label, band in bands.items() if band[0]}
+        else:
+            curves = {
+                names[run.name]: tuple(zip(*run.metrics[metric], strict=True))
+                for run in runs
+                if run.metrics.get(metric)
+            }
         name = f"curves_{metric.replace('/', '_')}.png"
         if curves:  # not a metric every run logged only as NaN
             paths.append(save(curves_figure(curves, metric), directory / name))
@@ -286,7 +294,7 @@ def compare(directory: Path) -> Comparison:
     )
     runs, rows = [run for run, _ in pairs], [cells for _, cells in pairs]
     configs = configurations(runs, keys)
-    plots = plot_curves(runs, labels(runs, keys), directory)
+    plots = plot_curves(runs, labels(runs, keys), directory, configs if SEED in keys else [])
     plots += plot_by_position(configs, directory / "acc_by_position.png")
     plots += plot_ppl_by_length(configs, directory / "ppl_by_length.png")
     plots += plot_loss_by_position(configs, directory / "loss_by_position.png")

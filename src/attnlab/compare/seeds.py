@@ -48,9 +48,16 @@ class Configuration:
 
     def curve(self, metric: str) -> tuple[list[int], list[float]]:
         """The mean of `metric` over the seeds at each step that every seed logged."""
+        steps, mean, _, _ = self.band(metric)
+        return steps, mean
+
+    def band(self, metric: str) -> tuple[list[int], list[float], list[float], list[float]]:
+        """At each step that every seed logged: the mean of `metric` over the seeds, and the
+        smallest and largest value."""
         series = [dict(run.metrics.get(metric, [])) for run in self.runs]
         steps = sorted(set.intersection(*(set(values) for values in series)))
-        return steps, [sum(values[step] for values in series) / len(series) for step in steps]
+        at = [[values[step] for values in series] for step in steps]
+        return steps, [sum(v) / len(v) for v in at], [min(v) for v in at], [max(v) for v in at]
 
     def by_position(self) -> dict[int, float]:
         """Mean accuracy at each position over the seeds that measured it."""

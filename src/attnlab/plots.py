@@ -85,10 +85,15 @@ def curves_figure(curves: Mapping[str, Sequence[Sequence[float]]], metric: str) 
 
 
 def heatmap_figure(
-    matrix: np.ndarray, rows: Sequence[str], columns: Sequence[str], title: str
+    matrix: np.ndarray,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    title: str,
+    axes: tuple[str, str] = ("", ""),
 ) -> Figure:
     """A [rows, columns] matrix of values in [0, 1]; NaN (not measured) stays blank. Wide
-    matrices get narrower columns and a label on every few of them."""
+    matrices get narrower columns and a label on every few of them; `axes` labels the
+    columns' axis and the rows'."""
     width = min(0.42, 14.0 / len(columns))
     figure = Figure(figsize=(1.0 + width * len(columns) + 2.0, 0.8 + 0.3 * len(rows)))
     ax = figure.subplots()
@@ -97,6 +102,8 @@ def heatmap_figure(
     ticks = range(0, len(columns), every)
     ax.set_xticks(ticks, [columns[i] for i in ticks], fontsize=7)
     ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_xlabel(axes[0], fontsize=8)
+    ax.set_ylabel(axes[1], fontsize=8)
     ax.set_title(title, fontsize=9)
     figure.colorbar(image, ax=ax, fraction=0.03)
     return figure

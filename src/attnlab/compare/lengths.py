@@ -290,7 +290,8 @@ def plot_longest_bucket(configs: list[Configuration], path: Path) -> list[Path]:
     if not tasks:
         return []
     title = "test exact match in each task's longest bucket (mean over seeds)"
-    return [save(heatmap_figure(np.array(matrix), tasks, labels, title), path)]
+    figure = heatmap_figure(np.array(matrix), tasks, labels, title, ("configuration", "task"))
+    return [save(figure, path)]
 
 
 def longer_accuracy(run: Run) -> float | None:

@@ -212,8 +212,13 @@ def plot_by_position(configs: list[Configuration], path: Path) -> list[Path]:
     positions = sorted({p for values in accuracy.values() for p in values})
     matrix = np.array([[values.get(p, np.nan) for p in positions] for values in accuracy.values()])
     seeds = " (mean over seeds)" if any(len(config.runs) > 1 for config in configs) else ""
-    title = f"accuracy by position{seeds}"
-    return [save(heatmap_figure(matrix, list(accuracy), [str(p) for p in positions], title), path)]
+    tested = any(BY_POSITION.fullmatch(m) and m.startswith("test/") for c in configs
+                 for run in c.runs for m in run.metrics)  # fmt: skip
+    split = "test" if tested else "validation (its last evaluation)"
+    title = f"token accuracy by position, {split} split{seeds}"
+    columns = [str(p) for p in positions]
+    figure = heatmap_figure(matrix, list(accuracy), columns, title, ("position", "configuration"))
+    return [save(figure, path)]
 
 
 def ranked(configs: list[Configuration]) -> tuple[list[Configuration], str, str]:

@@ -3,8 +3,11 @@ is the config without -m)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
-from helpers import SHARED_DATA
+from helpers import ROOT, SHARED_DATA
 
 from attnlab.options import options
 from attnlab.train import train
@@ -42,3 +45,21 @@ def test_every_experiment_runs_one_fast_dev_run_job(experiment, make_config, tmp
     )  # fmt: skip
     metrics = train(cfg)
     assert metrics["train/loss"] > 0
+
+
+@pytest.mark.slow
+def test_part_of_an_experiment_runs_with_its_swept_keys_replaced_on_the_command_line(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable, "train.py", "-m", "experiment=probe_table", "pe=rope,t5", "seed=0",
+            "model=tiny", "debug=fast", "extras.print_config=false",
+            "callbacks.progress_bar.refresh_rate=0", f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    jobs = [p for p in tmp_path.iterdir() if p.name.isdigit()]
+    assert len(jobs) == 8, "pe 2 × norm 2 × markers 2 × seed 1"
+    chosen = {(job / ".hydra" / "overrides.yaml").read_text() for job in jobs}
+    assert all("pe=rope" in text or "pe=t5" in text for text in chosen)
+    assert all("seed=0" in text for text in chosen)

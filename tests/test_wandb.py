@@ -156,7 +156,7 @@ def test_the_group_is_the_experiment_else_the_sweep_directory(tmp_path):
     from hydra.types import RunMode
     from omegaconf import open_dict, read_write
 
-    from attnlab.logger.wandb import default_group
+    from attnlab.logger.naming import default_group
 
     compose_config(["experiment=probe_table"], tmp_path)
     assert default_group() == "probe_table"
@@ -188,7 +188,7 @@ def test_a_translation_run_logs_sacrebleus_signatures_with_its_config(tmp_path):
 
 
 def test_a_runs_name_is_the_choices_that_set_it_apart_and_short():
-    from attnlab.logger.wandb import NAME_LENGTH, run_name
+    from attnlab.logger.naming import NAME_LENGTH, run_name
 
     overrides = [
         "pe=rope", "norm=l2", "task.data.dir=../shared/data/multi30k", "logger=wandb",

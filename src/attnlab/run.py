@@ -42,6 +42,7 @@ def quiet_library_noise() -> None:
     """
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "torchmetrics"):
         logging.getLogger(name).handlers.clear()
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its database set-up, every run
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(isinstance(f, LightningChatter) for f in rank_zero.filters):
         rank_zero.addFilter(LightningChatter())

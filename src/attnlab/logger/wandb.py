@@ -6,10 +6,9 @@
   says what to do (never an interactive prompt, never wandb's own ~100 s wait).
 - The mode goes to `wandb.init`, not through WANDB_MODE, which Lightning's `offline=True`
   sets for the whole process, and so for every later job of a sweep.
-- `group`: the experiment's name, else in a multirun the sweep directory's name, else the
-  task's; `name`: the choices that set the run apart (`pe=rope,norm=l2`): its overrides less
-  paths, debugging limits and where output goes, at most NAME_LENGTH characters; `job_type`:
-  the task; tags: the run's tags plus `pe=…`, `norm=…`, `synthesizer=…`, `task=…`, `model=…`.
+- `group` and `name` as attnlab.logger.naming gives them (the experiment, sweep or task; the
+  choices that set the run apart); `job_type`: the task; tags: the run's tags plus `pe=…`,
+  `norm=…`, `synthesizer=…`, `task=…`, `model=…`.
 - The summary of the optimized metric holds its best and its last value
   (`val/acc.max`, `val/acc.last`).
 - Accuracy by position (`val/acc_pos/<p>`, the probe's) goes to W&B as one table and line
@@ -24,28 +23,21 @@ from __future__ import annotations
 import logging
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.config import ConfigError
+from attnlab.logger.naming import RunLabels
 
 log = logging.getLogger(__name__)
 
 MODES = ("offline", "online", "disabled")
-NAME_LENGTH = 128  # what W&B shows of a run's name
-# overrides that say where output goes or how a run was cut short, not what ran
-NOT_NAMING = re.compile(
-    r"(hydra|paths|logger|callbacks|extras|experiment|hparams_search|debug|tags|ckpt_path|run_dir)"
-    r"(\.|/|=)|trainer\.(limit_\w+|fast_dev_run|num_sanity_val_steps|log_every_n_steps)="
-)
 BY_POSITION = re.compile(r"(?P<stage>\w+)/acc_pos/(?P<position>\d+)")
 
 
@@ -67,33 +59,6 @@ def why_offline(timeout: float) -> str | None:
     return None
 
 
-def default_group() -> str | None:
-    """The experiment's name, else in a multirun the sweep directory's name."""
-    if not HydraConfig.initialized():
-        return None
-    hydra = HydraConfig.get()
-    experiment = hydra.runtime.choices.get("experiment")
-    if experiment:
-        return experiment
-    return Path(hydra.sweep.dir).name if hydra.mode == RunMode.MULTIRUN else None
-
-
-def run_name(overrides: Sequence[str]) -> str | None:
-    """The overrides that set a run apart, "pe=rope,norm=l2": none that holds a path or says
-    where output goes or how the run was cut short; at most NAME_LENGTH characters."""
-    kept = [
-        override.lstrip("+~")
-        for override in overrides
-        if not NOT_NAMING.match(override.lstrip("+~")) and "/" not in override.partition("=")[2]
-    ]
-    name = ",".join(kept)
-    return name[: NAME_LENGTH - 1] + "…" if len(name) > NAME_LENGTH else name or None
-
-
-def command_line() -> list[str]:
-    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
 def by_position_plot(stage: str, accuracy: Mapping[int, float]) -> Any:
     import wandb
 
@@ -109,14 +74,10 @@ class WandbLogger(LightningWandbLogger):
         project: str = "attnlab",
         entity: str | None = None,
         mode: str = "offline",
-        group: str | None = None,
-        name: str | None = None,
-        job_type: str | None = None,
-        tags: Sequence[str] = (),
-        choices: Mapping[str, str] | None = None,
         metric: str | None = None,
         metric_mode: str = "max",
         timeout: float = 5.0,
+        **labels: Any,
     ) -> None:
         import wandb
 
@@ -128,17 +89,20 @@ class WandbLogger(LightningWandbLogger):
                 "and upload later with `wandb sync <run dir>/wandb/offline-run-*`"
             )
         self.mode, self.metric, self.metric_mode = mode, metric, metric_mode
+        run = RunLabels(**labels)
         super().__init__(
             save_dir=save_dir,
             project=project,
             entity=entity,
             mode=mode,
-            group=group or default_group() or job_type,
-            name=name or run_name(command_line()),
-            job_type=job_type,
-            tags=[*tags, *(f"{key}={value}" for key, value in (choices or {}).items())],
+            group=run.run_group,
+            name=run.run_name,
+            job_type=run.job_type,
+            tags=run.all_tags,
             settings=wandb.Settings(silent=True),
         )
+        # Lightning passes anonymous=None, which wandb warns about on every run
+        self._wandb_init.pop("anonymous", None)
 
     @property
     @rank_zero_experiment

@@ -1,6 +1,7 @@
 """`attnlab compare DIR`, `attnlab dashboard --project P --group G`, `attnlab archive SWEEP DEST`,
-`attnlab results`, `attnlab prune DIR` and `attnlab generate ckpt_path=... prompt=...` (see
-README, attnlab.prune and attnlab.generation)."""
+`attnlab results`, `attnlab prune DIR`, `attnlab translate ckpt_path=... input=...` and
+`attnlab generate ckpt_path=... prompt=...` (see README, attnlab.prune, attnlab.translate and
+attnlab.generation)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,21 @@ def parser() -> argparse.ArgumentParser:
     results.add_argument(
         "--check", action="store_true", help="write nothing; fail if a table is out of date"
     )
+    translate = commands.add_parser(
+        "translate",
+        help="translate a file (or standard input) with a translation model checkpoint",
+        description="Writes the translation of every line of input, in order, to output. "
+        "Settings are key=value: ckpt_path (required), input (a file, or - for standard "
+        "input; required), output (a file, or - for standard output: the default), max_tokens "
+        "(source tokens a batch, times the beam: 4096), and the run's decode settings to "
+        "change: decode.strategy (greedy, beam, top_k, nucleus), decode.beam, decode.top_k, "
+        "decode.top_p, decode.temperature, decode.seed, decode.length_penalty, "
+        "decode.no_repeat_ngram, decode.max_len.",
+    )
+    translate.add_argument(
+        "settings", nargs="*", metavar="KEY=VALUE",
+        help="e.g. ckpt_path=<run>/checkpoints/epoch_NNN.ckpt input=news.en output=news.de",
+    )  # fmt: skip
     prune = commands.add_parser(
         "prune",
         help="free the disk that finished runs below a directory no longer need",
@@ -107,6 +123,10 @@ def main(argv: list[str] | None = None) -> None:
             print_generated(args.settings)
         elif args.command == "prune":
             print_pruned(args.directory)
+        elif args.command == "translate":
+            from attnlab.translate import translate
+
+            translate(args.settings)
         else:
             update_results(args.file, args.check)
     except ConfigError as error:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import inspect
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from attnlab.data.stream import StreamTokenizer
     from attnlab.systems.lm import LMSystem
 
+S = TypeVar("S")  # the system class load_system rebuilds
 LM_STRATEGIES = ("greedy", "top_k", "nucleus")
 Pick = Callable[[Tensor], Tensor]  # log-probabilities [N, V] -> next tokens [N]
 
@@ -186,8 +187,11 @@ def unescaped(text: str) -> str:
     return re.sub(r"\\([nt\\])", lambda match: ESCAPES[match.group(1)], text)
 
 
-def parse_setting(arg: str) -> tuple[str, Any]:
-    """(key, value) of one `key=value` in Hydra's override grammar."""
+def parse_setting(
+    arg: str, program: str, names: Sequence[str], text: Sequence[str], known: Callable[[str], bool]
+) -> tuple[str, Any]:
+    """(key, value) of one `key=value` in Hydra's override grammar, a setting of `program`
+    (`known`; `names` lists them), the keys in `text` read as written."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
 
@@ -199,19 +203,25 @@ def parse_setting(arg: str) -> tuple[str, Any]:
     plain = override.type is OverrideType.CHANGE and override.package is None
     if not plain or override.is_sweep_override() or "=" not in arg:
         raise ConfigError(f"{arg!r} is not a plain key=value (one value per setting): {QUOTING}")
-    known = (
-        key in SETTINGS
-        or (key.startswith("decode.") and key[7:] in DECODE_SETTINGS)
-        or (key.startswith("pe.") and key.rsplit(".", 1)[1] in PE_SETTINGS)
-    )
-    if not known:
-        names = [*SETTINGS, *(f"decode.{name}" for name in DECODE_SETTINGS),
-                 *(f"pe.{name}" for name in PE_SETTINGS)]  # fmt: skip
-        raise ConfigError(f"generate has no setting {key}: its settings are {', '.join(names)}")
+    if not known(key):
+        raise ConfigError(f"{program} has no setting {key}: its settings are {', '.join(names)}")
     value = override.value()
-    if key in TEXT_SETTINGS and not isinstance(value, str):
+    if key in text and not isinstance(value, str):
         value = arg.split("=", 1)[1].strip()  # as written, not as a number, bool or null
     return key, value
+
+
+def generate_setting(arg: str) -> tuple[str, Any]:
+    def known(key: str) -> bool:
+        return (
+            key in SETTINGS
+            or (key.startswith("decode.") and key[7:] in DECODE_SETTINGS)
+            or (key.startswith("pe.") and key.rsplit(".", 1)[1] in PE_SETTINGS)
+        )
+
+    names = [*SETTINGS, *(f"decode.{name}" for name in DECODE_SETTINGS),
+             *(f"pe.{name}" for name in PE_SETTINGS)]  # fmt: skip
+    return parse_setting(arg, "generate", names, TEXT_SETTINGS, known)
 
 
 def parse_request(args: list[str]) -> Request:
@@ -220,7 +230,7 @@ def parse_request(args: list[str]) -> Request:
     decode: dict[str, Any] = {}
     pe: dict[str, Any] = {}
     for arg in args:
-        key, value = parse_setting(arg)
+        key, value = generate_setting(arg)
         if key.startswith("decode."):
             decode[key[7:]] = value
         elif key.startswith("pe."):
@@ -261,31 +271,60 @@ def with_pe_settings(path: str, architecture: Any, settings: dict[str, Any]) -> 
 
 
 def load_language_model(path: str, pe_settings: dict[str, Any] | None = None) -> LMSystem:
-    """The language model system a checkpoint holds, in eval mode, on the CPU; read as
-    tensors and plain data, rebuilt from its hyperparameters (no code named by the file
-    runs, no interpolation is resolved), with `pe_settings` ({"pe.scaling": "yarn", ...})
-    set in its architecture."""
-    from attnlab.config import own_class
-    from attnlab.resume import RECORD_KEY, read_checkpoint
+    """The language model system a checkpoint holds, in eval mode, on the CPU (as
+    `load_system` rebuilds it), with `pe_settings` ({"pe.scaling": "yarn", ...}) set in its
+    architecture."""
     from attnlab.systems.lm import LMSystem
     from attnlab.tasks.lm import TOKENIZER_KEY
 
+    def edit(arguments: dict[str, Any]) -> None:
+        if pe_settings:
+            stored = arguments.get("architecture")
+            arguments["architecture"] = with_pe_settings(path, stored, pe_settings)
+
+    def is_lm(task: dict[str, Any]) -> bool:
+        return task.get("name") == "lm"
+
+    return load_system(
+        path,
+        LMSystem,
+        (is_lm, "a language model checkpoint (a run of task=lm)"),
+        TOKENIZER_KEY,
+        "generate",
+        edit,
+    )
+
+
+def load_system(
+    path: str,
+    kind: type[S],
+    task_check: tuple[Callable[[dict[str, Any]], bool], str],
+    stored_key: str,
+    program: str,
+    edit: Callable[[dict[str, Any]], None] = lambda arguments: None,
+) -> S:
+    """The system of class `kind` that a checkpoint of a task `task_check` accepts (a test of
+    the stored task node, and what it asks for in words) holds, in eval mode, on
+    the CPU: read as tensors and plain data, rebuilt from its hyperparameters (no code named
+    by the file runs, no interpolation is resolved; `edit` may change them first), with its
+    weights and the tokenizers it stores under `stored_key`."""
+    from attnlab.config import own_class
+    from attnlab.resume import RECORD_KEY, read_checkpoint
+
     checkpoint = read_checkpoint(path)
     task = nested(checkpoint, RECORD_KEY, "config", "task")
-    if task.get("name") != "lm" or TOKENIZER_KEY not in checkpoint:
+    accepts, wanted = task_check
+    if not accepts(task) or stored_key not in checkpoint:
         raise ConfigError(
-            f"{path} holds a model of task={task.get('name')}: generate needs a language "
-            "model checkpoint (a run of task=lm)"
+            f"{path} holds a model of task={task.get('name')}: {program} needs {wanted}"
         )
     system_class = own_class(nested(task, "system").get("_target_"))
     hyperparameters = checkpoint.get("hyper_parameters")
-    if not (issubclass(system_class, LMSystem) and isinstance(hyperparameters, dict)):
-        raise ConfigError(f"{path} holds no language model system to rebuild")
+    if not (issubclass(system_class, kind) and isinstance(hyperparameters, dict)):
+        raise ConfigError(f"{path} holds no {kind.__name__} to rebuild")
     accepted = inspect.signature(system_class).parameters
     arguments = {k: v for k, v in hyperparameters.items() if k in accepted}
-    if pe_settings:
-        stored = arguments.get("architecture")
-        arguments["architecture"] = with_pe_settings(path, stored, pe_settings)
+    edit(arguments)
     try:
         system = system_class(**arguments)
         system.on_load_checkpoint(checkpoint)

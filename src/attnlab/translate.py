@@ -1,0 +1,134 @@
+"""`attnlab translate ckpt_path=... input=<file or -> [output=<file or ->] [decode.*] [max_tokens=N]`:
+translate the lines of a file (or of standard input) with a trained translation model; no
+reference is needed.
+
+The checkpoint is read as tensors and plain data and its system rebuilt from its
+hyperparameters, weights and tokenizers (attnlab.generation.load_system). Each line is read
+as training reads data (attnlab.data.text: normalized, a UTF-8 error names the line), cut to
+the run's `task.data.max_eval_len` tokens as evaluation cuts it (said on stderr), and
+translated with the run's decode settings unless `decode.*` says otherwise (strategy, beam,
+top_k, top_p, temperature, seed, length_penalty, no_repeat_ngram, max_len). Lines are sorted
+by length and batched so that a batch holds at most `max_tokens` source tokens times the
+beam (4,096 by default); the translations come out in the input's order, one a line, to
+`output` (default: standard output). Greedy decoding of a run's test sources gives the
+hypotheses its evaluation wrote (a test checks it).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.config import ConfigError, is_count
+from attnlab.data.text import read_lines, text_line
+from attnlab.decoding import generate
+from attnlab.generation import load_system, nested, parse_setting
+from attnlab.tokenizer import VOCABULARY_KEY
+
+SETTINGS = ("ckpt_path", "input", "output", "max_tokens")
+DECODE_SETTINGS = (
+    "strategy", "beam", "top_k", "top_p", "temperature", "seed", "length_penalty",
+    "no_repeat_ngram", "max_len",
+)  # fmt: skip
+TRANSLATION_DATA = "attnlab.tasks.translation.TranslationDataModule"
+DEFAULT_MAX_TOKENS = 4096
+
+
+def translate_setting(arg: str) -> tuple[str, Any]:
+    def known(key: str) -> bool:
+        return key in SETTINGS or (key.startswith("decode.") and key[7:] in DECODE_SETTINGS)
+
+    names = [*SETTINGS, *(f"decode.{name}" for name in DECODE_SETTINGS)]
+    return parse_setting(arg, "translate", names, ("ckpt_path", "input", "output"), known)
+
+
+def batches(lengths: list[int], budget: int) -> Iterator[list[int]]:
+    """Line indices, shortest first, in batches whose longest line times their size stays
+    within `budget` tokens (a line longer than the budget alone in its batch)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batch: list[int] = []
+    for index in order:
+        if batch and lengths[index] * (len(batch) + 1) > budget:
+            yield batch
+            batch = []
+        batch.append(index)
+    if batch:
+        yield batch
+
+
+def translate(args: list[str]) -> int:
+    """Translate what `args` ask for; the number of lines translated."""
+    from attnlab.systems.seq2seq import Seq2SeqSystem
+
+    settings, decode = {}, {}
+    for arg in args:
+        key, value = translate_setting(arg)
+        (decode if key.startswith("decode.") else settings)[key.removeprefix("decode.")] = value
+    if "ckpt_path" not in settings or "input" not in settings:
+        raise ConfigError(
+            "translate needs a model and text: pass ckpt_path=<run>/checkpoints/epoch_NNN.ckpt "
+            "and input=<file, or - for standard input>"
+        )
+    max_tokens = settings.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if not is_count(max_tokens):
+        raise ConfigError(f"max_tokens={max_tokens!r} must be a positive integer")
+
+    def is_translation(task: dict[str, Any]) -> bool:
+        return nested(task, "data").get("_target_") == TRANSLATION_DATA
+
+    wanted = "a translation checkpoint (a run of task=multi30k, wmt or translation)"
+    path = str(settings["ckpt_path"])
+    system = load_system(path, Seq2SeqSystem, (is_translation, wanted), VOCABULARY_KEY, "translate")
+    config = replace(system.decode_config, **decode)
+    lines = read_input(str(settings["input"]))
+    cut = int(stored_data(path).get("max_eval_len") or 1024) - 1  # room for EOS
+    ids = [system.tokenizers.src.encode(line) for line in lines]
+    if long := sum(len(i) > cut for i in ids):
+        print(f"attnlab: {long} lines cut to their first {cut} tokens", file=sys.stderr)
+    ids = [[*i[:cut], system.eos_id] for i in ids]
+    beam = config.beam if config.strategy == "beam" else 1
+    generator = torch.Generator().manual_seed(config.seed)
+    out: list[str] = [""] * len(lines)
+    with torch.inference_mode():
+        for batch in batches([len(i) for i in ids], max(1, max_tokens // beam)):
+            src = torch.full((len(batch), max(len(ids[i]) for i in batch)), system.pad_id)
+            for row, index in enumerate(batch):
+                src[row, : len(ids[index])] = torch.tensor(ids[index])
+            hypotheses = generate(
+                system.net, src, src == system.pad_id, system.bos_id, system.eos_id, config,
+                config.strategy, config.beam, generator,
+            )  # fmt: skip
+            for index, hypothesis in zip(batch, hypotheses, strict=True):
+                out[index] = system.tokenizers.tgt.decode(hypothesis)
+    write_output(str(settings.get("output", "-")), out)
+    return len(lines)
+
+
+def stored_data(path: str) -> dict[str, Any]:
+    from attnlab.resume import RECORD_KEY, read_checkpoint
+
+    return nested(read_checkpoint(path), RECORD_KEY, "config", "task", "data")
+
+
+def read_input(source: str) -> list[str]:
+    if source == "-":
+        stdin = Path("<standard input>")
+        return [text_line(raw, stdin, n) for n, raw in enumerate(sys.stdin.buffer, 1)]
+    if not Path(source).is_file():
+        raise ConfigError(
+            f"input={source} is not a file: pass a text file, or - for standard input"
+        )
+    return list(read_lines(Path(source)))
+
+
+def write_output(target: str, lines: list[str]) -> None:
+    text = "".join(f"{line}\n" for line in lines)
+    if target == "-":
+        sys.stdout.write(text)
+    else:
+        Path(target).write_text(text, encoding="utf-8")

@@ -1,0 +1,84 @@
+"""attnlab translate: a file translated with a trained model, no references, the same as the
+run's own evaluation decodes it; bad requests are one sentence."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+from helpers import evaluated
+from test_translation_data import sentence_pairs, write_split
+
+from attnlab.config import ConfigError
+from attnlab.train import train
+from attnlab.translate import batches, translate
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny translation model trained on word-for-word pairs, in this process."""
+    from helpers import compose_config
+
+    root = tmp_path_factory.mktemp("mt")
+    data = root / "data"
+    for split, (count, seed) in {"train": (400, 0), "valid": (40, 1), "test": (30, 2)}.items():
+        write_split(data, split, sentence_pairs(count, seed))
+    cfg = compose_config(
+        [
+            "~logger", "callbacks.progress_bar.refresh_rate=0", "extras.print_config=false",
+            "callbacks.model_summary.max_depth=0", "task=translation", f"task.data.dir={data}",
+            "task.data.vocab_size=50", "task.data.tokenizer_pairs=1000", "model=tiny",
+            "trainer.max_epochs=3", f"paths.data_dir={root / 'cache'}", "test=false",
+        ],
+        root / "run",
+    )  # fmt: skip
+    train(cfg)
+    (best,) = (root / "run" / "checkpoints").glob("epoch_*.ckpt")
+    return best, data, root
+
+
+def test_greedy_translation_of_the_test_sources_is_what_evaluation_wrote(trained, tmp_path):
+    best, data, root = trained
+    evaluated(best, tmp_path / "eval", "decode.strategy=greedy", f"paths.data_dir={root / 'cache'}")
+    out = tmp_path / "out.de"
+    count = translate(
+        [f"ckpt_path={best}", f"input={data / 'test.en'}", f"output={out}",
+         "decode.strategy=greedy", "max_tokens=64"]
+    )  # fmt: skip
+    assert count == 30
+    assert out.read_text() == (tmp_path / "eval" / "hypotheses" / "test.txt").read_text()
+
+
+def test_standard_input_to_standard_output(trained, monkeypatch, capsys):
+    best, _, _ = trained
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b\nc\n")))
+    assert translate([f"ckpt_path={best}", "input=-", "decode.strategy=greedy"]) == 2
+    assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "sentence"),
+    [
+        (["input=x.en"], "translate needs a model and text"),
+        (["ckpt_path=x", "input=x", "beam=4"], "translate has no setting beam"),
+        (["ckpt_path=x", "input=x", "max_tokens=0"], "max_tokens=0 must be a positive integer"),
+    ],
+)
+def test_a_bad_request_is_one_sentence(args, sentence):
+    with pytest.raises(ConfigError, match=sentence):
+        translate(args)
+
+
+def test_a_missing_input_file_is_one_sentence(trained, tmp_path):
+    best, _, _ = trained
+    with pytest.raises(ConfigError, match=r"input=.* is not a file"):
+        translate([f"ckpt_path={best}", f"input={tmp_path / 'none.en'}"])
+
+
+def test_batches_keep_each_batch_within_its_token_budget():
+    lengths = [5, 1, 9, 3, 3, 12]
+    found = list(batches(lengths, 10))
+    assert sorted(i for batch in found for i in batch) == list(range(6))
+    for batch in found:
+        assert len(batch) == 1 or max(lengths[i] for i in batch) * len(batch) <= 10

@@ -60,7 +60,8 @@ def test_standard_input_to_standard_output(trained, monkeypatch, capsys):
 @pytest.mark.parametrize(
     ("args", "sentence"),
     [
-        (["input=x.en"], "translate needs a model and text"),
+        (["input=x.en"], "translate needs a model"),
+        (["ckpt_path=x"], "translate needs text"),
         (["ckpt_path=x", "input=x", "beam=4"], "translate has no setting beam"),
         (["ckpt_path=x", "input=x", "max_tokens=0"], "max_tokens=0 must be a positive integer"),
     ],

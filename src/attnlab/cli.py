@@ -1,7 +1,7 @@
 """`attnlab compare DIR`, `attnlab dashboard --project P --group G`, `attnlab archive SWEEP DEST`,
-`attnlab results`, `attnlab prune DIR`, `attnlab translate ckpt_path=... input=...` and
-`attnlab generate ckpt_path=... prompt=...` (see README, attnlab.prune, attnlab.translate and
-attnlab.generation)."""
+`attnlab results`, `attnlab prune DIR`, `attnlab translate ckpt_path=... input=...`, `attnlab
+chat ckpt_path=...` and `attnlab generate ckpt_path=... prompt=...` (see README and the
+modules attnlab.prune, translate, chat and generation)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,17 @@ def parser() -> argparse.ArgumentParser:
         "settings", nargs="*", metavar="KEY=VALUE",
         help="e.g. ckpt_path=<run>/checkpoints/epoch_NNN.ckpt input=news.en output=news.de",
     )  # fmt: skip
+    chat = commands.add_parser(
+        "chat",
+        help="talk to a dialogue model checkpoint, or answer conversations read from a file",
+        description="Without input: type a turn, read the model's reply; an empty line ends. "
+        "With input=<file or ->: one conversation a line, turns ended by __eou__; the reply to "
+        "each is written, one a line, to output (default: standard output). Also max_tokens "
+        "and the decode.* settings of translate.",
+    )
+    chat.add_argument(
+        "settings", nargs="*", metavar="KEY=VALUE", help="e.g. ckpt_path=... input=talks.txt"
+    )
     prune = commands.add_parser(
         "prune",
         help="free the disk that finished runs below a directory no longer need",
@@ -123,6 +134,10 @@ def main(argv: list[str] | None = None) -> None:
             print_generated(args.settings)
         elif args.command == "prune":
             print_pruned(args.directory)
+        elif args.command == "chat":
+            from attnlab.chat import chat
+
+            chat(args.settings)
         elif args.command == "translate":
             from attnlab.translate import translate
 

@@ -20,15 +20,18 @@ import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from attnlab.config import ConfigError, is_count
 from attnlab.data.text import read_lines, text_line
-from attnlab.decoding import generate
+from attnlab.decoding import DecodeConfig, generate
 from attnlab.generation import load_system, nested, parse_setting
 from attnlab.tokenizer import VOCABULARY_KEY
+
+if TYPE_CHECKING:
+    from attnlab.systems.seq2seq import Seq2SeqSystem
 
 SETTINGS = ("ckpt_path", "input", "output", "max_tokens")
 DECODE_SETTINGS = (
@@ -39,12 +42,25 @@ TRANSLATION_DATA = "attnlab.tasks.translation.TranslationDataModule"
 DEFAULT_MAX_TOKENS = 4096
 
 
-def translate_setting(arg: str) -> tuple[str, Any]:
+def requested(args: list[str], program: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The settings and the decode.* settings of `program`'s key=value arguments."""
+
     def known(key: str) -> bool:
         return key in SETTINGS or (key.startswith("decode.") and key[7:] in DECODE_SETTINGS)
 
     names = [*SETTINGS, *(f"decode.{name}" for name in DECODE_SETTINGS)]
-    return parse_setting(arg, "translate", names, ("ckpt_path", "input", "output"), known)
+    settings: dict[str, Any] = {}
+    decode: dict[str, Any] = {}
+    for arg in args:
+        key, value = parse_setting(arg, program, names, ("ckpt_path", "input", "output"), known)
+        (decode if key.startswith("decode.") else settings)[key.removeprefix("decode.")] = value
+    if "ckpt_path" not in settings:
+        raise ConfigError(
+            f"{program} needs a model: pass ckpt_path=<run>/checkpoints/epoch_NNN.ckpt"
+        )
+    if not is_count(settings.get("max_tokens", DEFAULT_MAX_TOKENS)):
+        raise ConfigError(f"max_tokens={settings['max_tokens']!r} must be a positive integer")
+    return settings, decode
 
 
 def batches(lengths: list[int], budget: int) -> Iterator[list[int]]:
@@ -65,18 +81,10 @@ def translate(args: list[str]) -> int:
     """Translate what `args` ask for; the number of lines translated."""
     from attnlab.systems.seq2seq import Seq2SeqSystem
 
-    settings, decode = {}, {}
-    for arg in args:
-        key, value = translate_setting(arg)
-        (decode if key.startswith("decode.") else settings)[key.removeprefix("decode.")] = value
-    if "ckpt_path" not in settings or "input" not in settings:
-        raise ConfigError(
-            "translate needs a model and text: pass ckpt_path=<run>/checkpoints/epoch_NNN.ckpt "
-            "and input=<file, or - for standard input>"
-        )
+    settings, decode = requested(args, "translate")
+    if "input" not in settings:
+        raise ConfigError("translate needs text: pass input=<file, or - for standard input>")
     max_tokens = settings.get("max_tokens", DEFAULT_MAX_TOKENS)
-    if not is_count(max_tokens):
-        raise ConfigError(f"max_tokens={max_tokens!r} must be a positive integer")
 
     def is_translation(task: dict[str, Any]) -> bool:
         return nested(task, "data").get("_target_") == TRANSLATION_DATA
@@ -91,9 +99,22 @@ def translate(args: list[str]) -> int:
     if long := sum(len(i) > cut for i in ids):
         print(f"attnlab: {long} lines cut to their first {cut} tokens", file=sys.stderr)
     ids = [[*i[:cut], system.eos_id] for i in ids]
+    out = decoded(system, ids, config, max_tokens, torch.Generator().manual_seed(config.seed))
+    write_output(str(settings.get("output", "-")), out)
+    return len(lines)
+
+
+def decoded(
+    system: Seq2SeqSystem,
+    ids: list[list[int]],
+    config: DecodeConfig,
+    max_tokens: int,
+    generator: torch.Generator,
+) -> list[str]:
+    """The decoded text for each source (ids ending in EOS), in the sources' order: batched
+    by at most `max_tokens` source tokens times the beam, shortest first."""
     beam = config.beam if config.strategy == "beam" else 1
-    generator = torch.Generator().manual_seed(config.seed)
-    out: list[str] = [""] * len(lines)
+    out: list[str] = [""] * len(ids)
     with torch.inference_mode():
         for batch in batches([len(i) for i in ids], max(1, max_tokens // beam)):
             src = torch.full((len(batch), max(len(ids[i]) for i in batch)), system.pad_id)
@@ -105,8 +126,7 @@ def translate(args: list[str]) -> int:
             )  # fmt: skip
             for index, hypothesis in zip(batch, hypotheses, strict=True):
                 out[index] = system.tokenizers.tgt.decode(hypothesis)
-    write_output(str(settings.get("output", "-")), out)
-    return len(lines)
+    return out
 
 
 def stored_data(path: str) -> dict[str, Any]:

@@ -1,0 +1,103 @@
+"""`attnlab chat ckpt_path=... [input=<file or ->] [output=<file or ->] [decode.*]`: talk to a
+trained dialogue model.
+
+Without `input`, a conversation in the terminal: each line typed is a turn, the model
+answers it, and an empty line (or end of input) ends the conversation. With `input`, one
+conversation a line, its turns ended by `__eou__` as DailyDialog writes them; the model's
+reply to each conversation's last turn is written, one a line, in order.
+
+The model sees what it saw in training (attnlab.tasks.dialogue): turns normalized, the last
+`task.data.context_turns` turns of the conversation, each after its speaker's marker, cut
+from the left to the run's `task.data.max_eval_len` tokens. The run's decode settings apply
+unless `decode.*` changes them (attnlab.translate lists them); sampling draws from one
+generator seeded by `decode.seed`, so a seed gives the same replies again.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.config import ConfigError
+from attnlab.data.text import read_lines
+from attnlab.generation import load_system, nested
+from attnlab.tasks.dialogue import END_OF_TURN, examples, normalize
+from attnlab.tokenizer import VOCABULARY_KEY
+from attnlab.translate import DEFAULT_MAX_TOKENS, decoded, requested, stored_data, write_output
+
+DIALOGUE_DATA = "attnlab.tasks.dialogue.DialogueDataModule"
+
+
+class Chat:
+    """A dialogue model ready to answer conversations (lists of turns)."""
+
+    def __init__(self, args: list[str]) -> None:
+        from attnlab.systems.seq2seq import Seq2SeqSystem
+
+        self.settings, decode = requested(args, "chat")
+
+        def is_dialogue(task: dict[str, Any]) -> bool:
+            return nested(task, "data").get("_target_") == DIALOGUE_DATA
+
+        wanted = "a dialogue checkpoint (a run of task=chitchat or dailydialog)"
+        path = str(self.settings["ckpt_path"])
+        self.system = load_system(
+            path, Seq2SeqSystem, (is_dialogue, wanted), VOCABULARY_KEY, "chat"
+        )
+        self.config = replace(self.system.decode_config, **decode)
+        data = stored_data(path)
+        self.context_turns = int(data.get("context_turns") or 3)
+        self.cut = int(data.get("max_eval_len") or 256) - 1  # room for EOS
+        self.generator = torch.Generator().manual_seed(self.config.seed)
+
+    def context(self, turns: list[str]) -> list[int]:
+        """The ids of the context the model answers: as training built it."""
+        conversation = (*(normalize(turn) for turn in turns), "")
+        *_, (context, _) = examples(conversation, self.context_turns)
+        ids = self.system.tokenizers.src.encode(context)[-self.cut :]
+        return [*ids, self.system.eos_id]
+
+    def replies(self, conversations: list[list[str]]) -> list[str]:
+        ids = [self.context(turns) for turns in conversations]
+        max_tokens = self.settings.get("max_tokens", DEFAULT_MAX_TOKENS)
+        return decoded(self.system, ids, self.config, max_tokens, self.generator)
+
+
+def conversations_of(source: str) -> list[list[str]]:
+    """One conversation a line, its turns ended by __eou__ (a last turn may go without)."""
+    if source == "-":
+        lines = [line.strip() for line in sys.stdin]
+    elif Path(source).is_file():
+        lines = list(read_lines(Path(source)))
+    else:
+        raise ConfigError(
+            f"input={source} is not a file: pass a text file, or - for standard input"
+        )
+    return [[t.strip() for t in line.split(END_OF_TURN) if t.strip()] or [""] for line in lines]
+
+
+def typed() -> str:
+    """The next turn from the terminal (or a pipe); "" at an empty line or the end of input."""
+    try:
+        return (input("you: ") if sys.stdin.isatty() else sys.stdin.readline()).strip()
+    except EOFError:
+        return ""
+
+
+def chat(args: list[str]) -> None:
+    """`attnlab chat` (the module docstring)."""
+    bot = Chat(args)
+    if "input" in bot.settings:
+        replies = bot.replies(conversations_of(str(bot.settings["input"])))
+        write_output(str(bot.settings.get("output", "-")), replies)
+        return
+    print("(an empty line ends the conversation)", file=sys.stderr)
+    turns: list[str] = []
+    while line := typed():
+        (reply,) = bot.replies([[*turns, line]])
+        turns += [line, reply]
+        print(f"model: {reply}", flush=True)

@@ -1,0 +1,71 @@
+"""attnlab chat: replies to conversations read from a file are what the run's evaluation
+decodes for the same contexts; the terminal form keeps the conversation."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+from helpers import compose_config, evaluated
+from test_dialogue import conversation, dialogue_line, write_dialogues
+
+from attnlab.chat import chat
+from attnlab.config import ConfigError
+from attnlab.tasks.dialogue import END_OF_TURN
+from attnlab.train import train
+
+TEST_TALKS = [conversation(100 + n, 3) for n in range(3)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny dialogue model on local DailyDialog-style files with their own test split."""
+    root = tmp_path_factory.mktemp("chat")
+    data = root / "dd"
+    write_dialogues(data, "train", [dialogue_line(conversation(n, 4)) for n in range(60)])
+    write_dialogues(data, "validation", [dialogue_line(conversation(60 + n, 3)) for n in range(4)])
+    write_dialogues(data, "test", [dialogue_line(talk) for talk in TEST_TALKS])
+    cfg = compose_config(
+        [
+            "~logger", "callbacks.progress_bar.refresh_rate=0", "extras.print_config=false",
+            "callbacks.model_summary.max_depth=0", "task=dailydialog", "task.data.source=local",
+            f"task.data.dir={data}", "task.data.vocab_size=36", "task.data.tokenizer_pairs=500",
+            "model=tiny", "trainer.max_steps=20", "test=false", "decode.max_len=12",
+            f"paths.data_dir={root / 'cache'}",
+        ],
+        root / "run",
+    )  # fmt: skip
+    train(cfg)
+    (best,) = (root / "run" / "checkpoints").glob("epoch_*.ckpt")
+    return best, root
+
+
+def test_replies_to_a_file_of_conversations_are_what_evaluation_decodes(trained, tmp_path):
+    best, root = trained
+    evaluated(best, tmp_path / "eval", "decode.strategy=greedy", f"paths.data_dir={root / 'cache'}")
+    contexts = [talk[:t] for talk in TEST_TALKS for t in range(1, len(talk))]  # corpus order
+    talks = tmp_path / "talks.txt"
+    talks.write_text("".join(f" {END_OF_TURN} ".join(turns) + "\n" for turns in contexts))
+    out = tmp_path / "replies.txt"
+    chat([f"ckpt_path={best}", f"input={talks}", f"output={out}", "decode.strategy=greedy"])
+    assert out.read_text() == (tmp_path / "eval" / "hypotheses" / "test.txt").read_text()
+
+
+def test_the_terminal_form_answers_each_turn_until_an_empty_line(trained, monkeypatch, capsys):
+    best, _ = trained
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello there\nhow are you?\n\nnot read\n"))
+    chat([f"ckpt_path={best}", "decode.strategy=greedy"])
+    replies = capsys.readouterr().out.splitlines()
+    assert len(replies) == 2 and all(line.startswith("model: ") for line in replies)
+
+
+def test_a_translation_or_probe_checkpoint_is_refused_in_one_sentence(tmp_path):
+    from attnlab.checkpoints import AtomicCheckpointIO
+    from attnlab.resume import RECORD_KEY
+
+    path = tmp_path / "probe.ckpt"
+    record = {"overrides": [], "config": {"task": {"name": "probe", "data": {}}}}
+    AtomicCheckpointIO().save_checkpoint({RECORD_KEY: record, "state_dict": {}}, path)
+    with pytest.raises(ConfigError, match="chat needs a dialogue checkpoint"):
+        chat([f"ckpt_path={path}"])

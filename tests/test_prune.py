@@ -59,3 +59,11 @@ def test_prune_frees_finished_runs_and_leaves_the_others_whole(make_config, tmp_
     assert {"state_dict", RECORD_KEY} <= keys(best)
     assert (sweep / "1" / "checkpoints" / "last.ckpt").is_file(), "an interrupted run resumes"
     assert prune(sweep).files == 0, "a second prune finds nothing left"
+
+
+def test_prune_keeps_last_ckpt_where_it_holds_the_only_weights(make_config, tmp_path):
+    train(make_config(TINY))
+    for best in (tmp_path / "checkpoints").glob("epoch_*.ckpt"):
+        best.unlink()
+    assert prune(tmp_path).files == 0
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()

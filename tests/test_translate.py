@@ -83,3 +83,14 @@ def test_batches_keep_each_batch_within_its_token_budget():
     assert sorted(i for batch in found for i in batch) == list(range(6))
     for batch in found:
         assert len(batch) == 1 or max(lengths[i] for i in batch) * len(batch) <= 10
+
+
+def test_the_loaded_system_keeps_its_runs_data_settings_read_once(trained):
+    from attnlab.generation import load_system
+    from attnlab.systems.seq2seq import Seq2SeqSystem
+    from attnlab.tokenizer import VOCABULARY_KEY
+    from attnlab.translate import stored_data
+
+    best, _, _ = trained
+    system = load_system(best, Seq2SeqSystem, (lambda task: True, ""), VOCABULARY_KEY, "test")
+    assert stored_data(system)["max_eval_len"] == 1024  # conf/task/translation.yaml

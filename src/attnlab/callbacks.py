@@ -180,7 +180,7 @@ class ParameterSummary(ModelSummary):
         **summarize_kwargs: Any,
     ) -> None:
         columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
-        widths = [max(len(name), *(len(str(v)) for v in values)) for name, values in columns]
+        widths = [max([len(name), *(len(str(v)) for v in values)]) for name, values in columns]
         rows = [
             [name for name, _ in columns],
             *zip(*(values for _, values in columns), strict=True),

@@ -49,7 +49,7 @@ class Chat:
             path, Seq2SeqSystem, (is_dialogue, wanted), VOCABULARY_KEY, "chat"
         )
         self.config = replace(self.system.decode_config, **decode)
-        data = stored_data(path)
+        data = stored_data(self.system)
         self.context_turns = int(data.get("context_turns") or 3)
         self.cut = int(data.get("max_eval_len") or 256) - 1  # room for EOS
         self.generator = torch.Generator().manual_seed(self.config.seed)

@@ -218,8 +218,10 @@ class LatestCheckpoint(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         """Training finished (its step budget, early stopping, max_epochs; an interrupt is
-        on_exception): the final state, or, with keep_when_done false, none."""
-        if not self.keep_when_done:
+        on_exception): the final state, or, with keep_when_done false, none (where a best
+        checkpoint holds the weights)."""
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if not self.keep_when_done and best:  # never drop the only weights
             if trainer.is_global_zero and self.path.is_file():
                 self.path.unlink()
                 log.info("training finished: %s dropped (keep_when_done=false)", self.path)

@@ -307,7 +307,8 @@ def load_system(
     the stored task node, and what it asks for in words) holds, in eval mode, on
     the CPU: read as tensors and plain data, rebuilt from its hyperparameters (no code named
     by the file runs, no interpolation is resolved; `edit` may change them first), with its
-    weights and the tokenizers it stores under `stored_key`."""
+    weights and the tokenizers it stores under `stored_key`, and the run's record (its
+    overrides and config, as data) in `run_record`."""
     from attnlab.config import own_class
     from attnlab.resume import RECORD_KEY, read_checkpoint
 
@@ -329,6 +330,7 @@ def load_system(
         system = system_class(**arguments)
         system.on_load_checkpoint(checkpoint)
         system.load_state_dict(checkpoint["state_dict"])
+        system.run_record = checkpoint[RECORD_KEY]
     except ConfigError:
         raise
     except (TypeError, KeyError, RuntimeError, ValueError) as error:

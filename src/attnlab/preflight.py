@@ -11,6 +11,7 @@ signature says so, and the override is passed on as `++trainer.accumulate_grad_b
 from __future__ import annotations
 
 import difflib
+import functools
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -40,6 +41,7 @@ def check_added_groups(args: list[str]) -> None:
             )
 
 
+@functools.cache
 def trainer_parameters() -> set[str]:
     import inspect
 

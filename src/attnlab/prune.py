@@ -1,7 +1,8 @@
 """`attnlab prune DIR`: free the disk that finished runs below DIR no longer need.
 
 For each run whose status.json says completed: its `checkpoints/last.ckpt` (the whole
-training state, there to resume a run that will not be resumed) is removed, and a best
+training state, there to resume a run that will not be resumed) is removed where a best
+checkpoint holds its weights, and a best
 checkpoint (`epoch_NNN.ckpt`) written before best checkpoints held the weights only is
 rewritten without its optimizer, scheduler and callback states (the weights, tokenizers and
 the run's record, which evaluation reads, stay). A run that is running, failed or was
@@ -31,7 +32,7 @@ def prune_run(run: Path, pruned: Pruned) -> None:
     pruned.runs += 1
     checkpoints = run / "checkpoints"
     last = checkpoints / LAST
-    if last.is_file():
+    if last.is_file() and any(checkpoints.glob("epoch_*.ckpt")):  # never the only weights
         pruned.freed += last.stat().st_size
         pruned.files += 1
         last.unlink()

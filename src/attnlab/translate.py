@@ -94,7 +94,7 @@ def translate(args: list[str]) -> int:
     system = load_system(path, Seq2SeqSystem, (is_translation, wanted), VOCABULARY_KEY, "translate")
     config = replace(system.decode_config, **decode)
     lines = read_input(str(settings["input"]))
-    cut = int(stored_data(path).get("max_eval_len") or 1024) - 1  # room for EOS
+    cut = int(stored_data(system).get("max_eval_len") or 1024) - 1  # room for EOS
     ids = [system.tokenizers.src.encode(line) for line in lines]
     if long := sum(len(i) > cut for i in ids):
         print(f"attnlab: {long} lines cut to their first {cut} tokens", file=sys.stderr)
@@ -129,10 +129,9 @@ def decoded(
     return out
 
 
-def stored_data(path: str) -> dict[str, Any]:
-    from attnlab.resume import RECORD_KEY, read_checkpoint
-
-    return nested(read_checkpoint(path), RECORD_KEY, "config", "task", "data")
+def stored_data(system: Seq2SeqSystem) -> dict[str, Any]:
+    """The task.data settings the system's run was trained with (load_system keeps them)."""
+    return nested(system.run_record, "config", "task", "data")
 
 
 def read_input(source: str) -> list[str]:

@@ -62,10 +62,25 @@ def test_the_terminal_form_answers_each_turn_until_an_empty_line(trained, monkey
 
 def test_a_translation_or_probe_checkpoint_is_refused_in_one_sentence(tmp_path):
     from attnlab.checkpoints import AtomicCheckpointIO
-    from attnlab.resume import RECORD_KEY
+    from attnlab.stored import RECORD_KEY
 
     path = tmp_path / "probe.ckpt"
     record = {"overrides": [], "config": {"task": {"name": "probe", "data": {}}}}
     AtomicCheckpointIO().save_checkpoint({RECORD_KEY: record, "state_dict": {}}, path)
     with pytest.raises(ConfigError, match="chat needs a dialogue checkpoint"):
         chat([f"ckpt_path={path}"])
+
+
+def test_an_exported_model_replies_as_its_checkpoint(trained, tmp_path, monkeypatch, capsys):
+    from attnlab.cli import main
+
+    best, _ = trained
+    exported = tmp_path / "export"
+    main(["export", f"ckpt_path={best}", f"out={exported}"])
+    capsys.readouterr()
+    replies = []
+    for model in (best, exported):
+        monkeypatch.setattr(sys, "stdin", io.StringIO("hello there\nhow are you?\n\n"))
+        chat([f"ckpt_path={model}", "decode.strategy=greedy"])
+        replies.append(capsys.readouterr().out)
+    assert replies[0] == replies[1] and replies[0].count("model: ") == 2

@@ -17,7 +17,8 @@ import pytest
 import torch
 from helpers import ROOT
 
-from attnlab.resume import RECORD_KEY, allowed_overrides
+from attnlab.resume import allowed_overrides
+from attnlab.stored import RECORD_KEY
 
 RUN = [
     "model=tiny", "trainer.max_epochs=1", "task.data.train_size=64", "task.data.max_len=8",

@@ -21,7 +21,7 @@ from attnlab.generation import Pick, continue_text, load_language_model, parse_r
 from attnlab.model.config import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.options import variant
-from attnlab.resume import RECORD_KEY
+from attnlab.stored import RECORD_KEY
 from attnlab.systems.lm import LMSystem
 
 VOCAB = 13

@@ -7,6 +7,7 @@ import io
 import sys
 
 import pytest
+import torch
 from helpers import evaluated
 from test_translation_data import sentence_pairs, write_split
 
@@ -94,3 +95,29 @@ def test_the_loaded_system_keeps_its_runs_data_settings_read_once(trained):
     best, _, _ = trained
     system = load_system(best, Seq2SeqSystem, (lambda task: True, ""), VOCABULARY_KEY, "test")
     assert stored_data(system)["max_eval_len"] == 1024  # conf/task/translation.yaml
+
+
+def test_an_exported_model_translates_and_evaluates_as_its_checkpoint(trained, tmp_path):
+    from attnlab.cli import main
+    from attnlab.stored import read_checkpoint
+
+    best, data, root = trained
+    exported = tmp_path / "export"
+    main(["export", f"ckpt_path={best}", f"out={exported}"])
+    names = sorted(path.name for path in exported.iterdir())
+    assert names == ["config.json", "model.safetensors", "source.model"]  # a joint vocabulary
+    stored, loaded = read_checkpoint(best)["state_dict"], read_checkpoint(exported)["state_dict"]
+    assert stored.keys() == loaded.keys()
+    assert all(torch.equal(stored[name], loaded[name]) for name in stored)
+    outputs = []
+    for model in (best, exported):
+        out = tmp_path / f"{model.name}.de"
+        translate([f"ckpt_path={model}", f"input={data / 'test.en'}", f"output={out}",
+                   "decode.strategy=nucleus", "decode.seed=1"])  # fmt: skip
+        outputs.append(out.read_text())
+    assert outputs[0] == outputs[1] and outputs[0].strip()  # sampled: not all empty
+    cache = f"paths.data_dir={root / 'cache'}"
+    scores = [
+        evaluated(model, tmp_path / f"eval-{n}", cache) for n, model in enumerate([best, exported])
+    ]
+    assert scores[0] == scores[1]

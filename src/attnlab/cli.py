@@ -1,7 +1,8 @@
 """`attnlab compare DIR`, `attnlab dashboard --project P --group G`, `attnlab archive SWEEP DEST`,
 `attnlab results`, `attnlab prune DIR`, `attnlab translate ckpt_path=... input=...`, `attnlab
-chat ckpt_path=...` and `attnlab generate ckpt_path=... prompt=...` (see README and the
-modules attnlab.prune, translate, chat and generation)."""
+chat ckpt_path=...`, `attnlab generate ckpt_path=... prompt=...` and `attnlab export
+ckpt_path=... out=DIR` (see README and the modules attnlab.prune, translate, chat,
+generation and stored)."""
 
 from __future__ import annotations
 
@@ -101,7 +102,30 @@ def parser() -> argparse.ArgumentParser:
         "settings", nargs="*", metavar="KEY=VALUE", help="e.g. ckpt_path=<run>/checkpoints/"
         "last.ckpt prompt=ROMEO: max_new_tokens=300 decode.strategy=nucleus decode.seed=1",
     )  # fmt: skip
+    export = commands.add_parser(
+        "export",
+        help="write a checkpoint's model as safetensors, a JSON config and tokenizer files",
+        description="Writes into the new directory out: model.safetensors (the weights), "
+        "config.json (hyperparameters and the run's record) and the tokenizer files. eval.py, "
+        "translate, chat and generate take that directory as ckpt_path; loading it runs no code.",
+    )
+    export.add_argument(
+        "settings", nargs="*", metavar="KEY=VALUE",
+        help="ckpt_path=<run>/checkpoints/epoch_NNN.ckpt out=<new directory>",
+    )  # fmt: skip
     return main
+
+
+def print_exported(args: list[str]) -> None:
+    from attnlab.generation import parse_setting
+    from attnlab.stored import export
+
+    names = ("ckpt_path", "out")
+    settings = dict(parse_setting(a, "export", names, names, names.__contains__) for a in args)
+    if missing := [name for name in names if name not in settings]:
+        raise ConfigError(f"export needs {' and '.join(missing)}: pass ckpt_path=... out=<dir>")
+    files = export(settings["ckpt_path"], settings["out"])
+    print(f"wrote {', '.join(files)} into {settings['out']}")
 
 
 def print_generated(settings: list[str]) -> None:
@@ -138,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
             from attnlab.chat import chat
 
             chat(args.settings)
+        elif args.command == "export":
+            print_exported(args.settings)
         elif args.command == "translate":
             from attnlab.translate import translate
 

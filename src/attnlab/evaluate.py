@@ -8,7 +8,8 @@ except in how a RoPE reads positions past its training context (pe.scaling and t
 it reads: `attnlab.resume.EVALUATION_OPTIONS`, set in the model the checkpoint holds).
 What the model depends on beyond its weights (a translation model's vocabulary) comes from
 the checkpoint too, never from the data it is evaluated on. Checkpoints are read as tensors
-and plain data only: reading one runs no code.
+and plain data only, and a directory `attnlab export` wrote is read as JSON, safetensors
+and tokenizer files (attnlab.stored): reading either runs no code.
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ from attnlab.job import run_composed
 from attnlab.options import CONFIG_DIR
 from attnlab.preflight import check_setting_keys
 from attnlab.resume import (
-    RECORD_KEY,
     argument,
     check_same_model,
     evaluation_arguments,
     evaluation_options,
-    read_checkpoint,
     with_settings,
 )
+from attnlab.stored import RECORD_KEY, read_checkpoint, rebuild
 
 STAGES = {"test": "test", "val": "validate"}  # split=... -> Lightning's stage
 
@@ -56,9 +56,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if changeable:
         architecture = checkpoint["hyper_parameters"]["architecture"]
         settings["architecture"] = with_settings(architecture, changeable)
-    system = system_class.load_from_checkpoint(
-        cfg.ckpt_path, map_location="cpu", weights_only=True, **settings
-    )
+    system = rebuild(system_class, checkpoint, settings)
     system.check_lengths(datamodule)
     trainer = run.build_trainer(cfg)
     method = trainer.test if cfg.split == "test" else trainer.validate

@@ -21,7 +21,6 @@ model is rebuilt from its hyperparameters, its weights and its tokenizer.
 
 from __future__ import annotations
 
-import inspect
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -274,13 +273,13 @@ def load_language_model(path: str, pe_settings: dict[str, Any] | None = None) ->
     """The language model system a checkpoint holds, in eval mode, on the CPU (as
     `load_system` rebuilds it), with `pe_settings` ({"pe.scaling": "yarn", ...}) set in its
     architecture."""
+    from attnlab.data.stream import TOKENIZER_KEY
     from attnlab.systems.lm import LMSystem
-    from attnlab.tasks.lm import TOKENIZER_KEY
 
-    def edit(arguments: dict[str, Any]) -> None:
-        if pe_settings:
-            stored = arguments.get("architecture")
-            arguments["architecture"] = with_pe_settings(path, stored, pe_settings)
+    def changes(stored: dict[str, Any]) -> dict[str, Any]:
+        if not pe_settings:
+            return {}
+        return {"architecture": with_pe_settings(path, stored.get("architecture"), pe_settings)}
 
     def is_lm(task: dict[str, Any]) -> bool:
         return task.get("name") == "lm"
@@ -291,7 +290,7 @@ def load_language_model(path: str, pe_settings: dict[str, Any] | None = None) ->
         (is_lm, "a language model checkpoint (a run of task=lm)"),
         TOKENIZER_KEY,
         "generate",
-        edit,
+        changes,
     )
 
 
@@ -301,16 +300,17 @@ def load_system(
     task_check: tuple[Callable[[dict[str, Any]], bool], str],
     stored_key: str,
     program: str,
-    edit: Callable[[dict[str, Any]], None] = lambda arguments: None,
+    changes: Callable[[dict[str, Any]], dict[str, Any]] = lambda stored: {},
 ) -> S:
     """The system of class `kind` that a checkpoint of a task `task_check` accepts (a test of
     the stored task node, and what it asks for in words) holds, in eval mode, on
-    the CPU: read as tensors and plain data, rebuilt from its hyperparameters (no code named
-    by the file runs, no interpolation is resolved; `edit` may change them first), with its
-    weights and the tokenizers it stores under `stored_key`, and the run's record (its
-    overrides and config, as data) in `run_record`."""
+    the CPU: read as tensors and plain data (a checkpoint file or an exported directory),
+    rebuilt from its hyperparameters with `changes(hyperparameters)` set over them (no code
+    named by the file runs, no interpolation is resolved), its weights and the tokenizers it
+    stores under `stored_key`, and the run's record (overrides and config, as data) in
+    `run_record`."""
     from attnlab.config import own_class
-    from attnlab.resume import RECORD_KEY, read_checkpoint
+    from attnlab.stored import RECORD_KEY, read_checkpoint, rebuild
 
     checkpoint = read_checkpoint(path)
     task = nested(checkpoint, RECORD_KEY, "config", "task")
@@ -323,14 +323,8 @@ def load_system(
     hyperparameters = checkpoint.get("hyper_parameters")
     if not (issubclass(system_class, kind) and isinstance(hyperparameters, dict)):
         raise ConfigError(f"{path} holds no {kind.__name__} to rebuild")
-    accepted = inspect.signature(system_class).parameters
-    arguments = {k: v for k, v in hyperparameters.items() if k in accepted}
-    edit(arguments)
     try:
-        system = system_class(**arguments)
-        system.on_load_checkpoint(checkpoint)
-        system.load_state_dict(checkpoint["state_dict"])
-        system.run_record = checkpoint[RECORD_KEY]
+        system = rebuild(system_class, checkpoint, changes(hyperparameters))
     except ConfigError:
         raise
     except (TypeError, KeyError, RuntimeError, ValueError) as error:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from attnlab import status
 from attnlab.checkpoints import AtomicCheckpointIO
-from attnlab.resume import LAST, read_checkpoint
+from attnlab.resume import LAST
+from attnlab.stored import read_checkpoint
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "attnlab_resume")
 

@@ -26,8 +26,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
 from attnlab.config import ARCHITECTURE, DESCRIPTIVE, NOT_WEIGHTS, ConfigError, flatten
+from attnlab.stored import RECORD_KEY, read_checkpoint
 
-RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
 LAST = "last.ckpt"  # the latest state of a run, in <run dir>/checkpoints/
 
 GROUPS = (
@@ -56,29 +56,6 @@ DATA_SEEDED = (
 )  # fmt: skip
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A checkpoint file as plain data and tensors (`weights_only`: reading it runs no code),
-    or a ConfigError saying what is wrong with it."""
-    import torch
-
-    text = str(path)
-    if "://" in text:
-        raise ConfigError(f"{text} is a URL: download the checkpoint and pass its local path")
-    if not Path(text).is_file():
-        raise ConfigError(f"{text} is not a file: pass a checkpoint written by train.py")
-    try:
-        checkpoint = torch.load(text, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:
-        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        raise ConfigError(
-            f"{text} cannot be read as a checkpoint ({type(error).__name__}: {reason}): it is "
-            "truncated, not a checkpoint, or holds objects other than tensors and plain data"
-        ) from None
-    if not isinstance(checkpoint, dict) or RECORD_KEY not in checkpoint:
-        raise ConfigError(f"{text} holds no attnlab run record: was it written by train.py?")
-    return checkpoint
 
 
 def _literal(value: Any) -> bool:

@@ -131,6 +131,9 @@ class PieceTokenizer:
         return "\n".join(texts)
 
 
+TOKENIZER_KEY = "lm_tokenizer"  # checkpoint entry: {"kind": ..., "model": bytes}
+
+
 def restore_tokenizer(stored: Any) -> StreamTokenizer:
     """The tokenizer a checkpoint stored ({"kind": ..., "model": bytes}); a ConfigError when
     it is missing or damaged, never another tokenizer in its place."""

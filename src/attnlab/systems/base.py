@@ -15,7 +15,7 @@ from attnlab.model.config import Architecture
 from attnlab.norm.base import Normalizer
 from attnlab.optim import check_optim, configure_adamw
 from attnlab.pe.base import PositionalEncoding
-from attnlab.resume import RECORD_KEY
+from attnlab.stored import RECORD_KEY
 from attnlab.synthesizer.base import Synthesizer
 
 PART_TYPES = {"pe": PositionalEncoding, "synthesizer": Synthesizer, "norm": Normalizer}

@@ -31,7 +31,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from attnlab.config import ConfigError, require_counts
-from attnlab.data.stream import StreamTokenizer, restore_tokenizer
+from attnlab.data.stream import TOKENIZER_KEY, StreamTokenizer, restore_tokenizer
 from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig
 from attnlab.generation import continuations
@@ -39,7 +39,6 @@ from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM
 from attnlab.plots import lm_length_figures, save
 from attnlab.systems.base import System
-from attnlab.tasks.lm import TOKENIZER_KEY
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)

@@ -37,6 +37,7 @@ from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub
 from attnlab.data.loader import ResumableLoader
 from attnlab.data.stream import (
     MODES,
+    TOKENIZER_KEY,
     CharTokenizer,
     EvalWindows,
     PieceTokenizer,
@@ -57,7 +58,6 @@ SOURCES = ("hub", "local")
 TOKENIZERS = ("char", "sentencepiece")
 SPLITS = ("train", "valid", "test")
 STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
-TOKENIZER_KEY = "lm_tokenizer"  # checkpoint entry: {"kind": ..., "model": bytes}
 SAMPLE_SEED = 0  # the SentencePiece training sample of lines: fixed across run seeds
 
 

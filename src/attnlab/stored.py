@@ -1,0 +1,195 @@
+"""What a trained model stores, read back as data: a checkpoint file, or the directory
+`attnlab export ckpt_path=... out=<dir>` writes from one, the form models are shared in:
+
+    <dir>/model.safetensors    the weights (safetensors: a JSON header and raw tensors)
+    <dir>/config.json          the hyperparameters the system is rebuilt from, and the run's
+                               record (its overrides and resolved config)
+    <dir>/source.model         a translation or dialogue model's SentencePiece model,
+    <dir>/target.model         and its target side's where the vocabulary is not joint
+    <dir>/tokenizer.model      a language model's SentencePiece model,
+    <dir>/tokenizer.chars      or the characters of its char tokenizer (UTF-8)
+
+Both read as data only: a checkpoint with `weights_only` (tensors and plain data), a
+directory as JSON, safetensors and SentencePiece bytes, so loading either runs no code.
+Tensors that share memory (tied embeddings) are stored once and named again in the
+safetensors header's `aliases`. `eval.py`, `attnlab translate`, `chat` and `generate` take
+either as `ckpt_path`; what either names about the run passes the same allow-list
+(attnlab.resume), so neither decides where output goes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, TypeVar
+
+from attnlab.config import ConfigError
+from attnlab.data.stream import TOKENIZER_KEY
+from attnlab.tokenizer import VOCABULARY_KEY
+
+RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+SOURCE, TARGET = "source.model", "target.model"
+TOKENIZER_FILES = {"sentencepiece": "tokenizer.model", "char": "tokenizer.chars"}
+FORMAT = {"format": "attnlab", "version": 1}
+S = TypeVar("S")
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint file, or a directory `attnlab export` wrote, as plain data and tensors
+    (reading it runs no code), or a ConfigError saying what is wrong with it."""
+    import torch
+
+    text = str(path)
+    if "://" in text:
+        raise ConfigError(f"{text} is a URL: download the checkpoint and pass its local path")
+    if Path(text).is_dir():
+        return read_exported(Path(text))
+    if not Path(text).is_file():
+        raise ConfigError(
+            f"{text} is not a file: pass a checkpoint written by train.py, or a directory "
+            "attnlab export wrote"
+        )
+    try:
+        checkpoint = torch.load(text, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        raise ConfigError(
+            f"{text} cannot be read as a checkpoint ({type(error).__name__}: {reason}): it is "
+            "truncated, not a checkpoint, or holds objects other than tensors and plain data"
+        ) from None
+    if not isinstance(checkpoint, dict) or RECORD_KEY not in checkpoint:
+        raise ConfigError(f"{text} holds no attnlab run record: was it written by train.py?")
+    return checkpoint
+
+
+def read_exported(directory: Path) -> dict[str, Any]:
+    """The checkpoint entries an exported directory holds: state_dict, hyper_parameters, the
+    run record and the tokenizers."""
+    from safetensors import SafetensorError, safe_open
+
+    if not (directory / CONFIG).is_file() or not (directory / WEIGHTS).is_file():
+        raise ConfigError(
+            f"{directory} is a directory without {CONFIG} and {WEIGHTS}: pass a checkpoint "
+            "file, or a directory attnlab export wrote"
+        )
+    try:
+        config = json.loads((directory / CONFIG).read_text(encoding="utf-8"))
+        with safe_open(directory / WEIGHTS, framework="pt") as weights:
+            state = {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118
+            aliases = json.loads((weights.metadata() or {}).get("aliases", "{}"))
+    except (OSError, UnicodeDecodeError, ValueError, SafetensorError) as error:
+        raise ConfigError(
+            f"{directory} cannot be read as an exported model ({type(error).__name__}): its "
+            "files are damaged; export the checkpoint again"
+        ) from None
+    shape = {**FORMAT, "hyper_parameters": dict, "run": dict}
+    if not isinstance(config, dict) or any(
+        not isinstance(config.get(k), v) if isinstance(v, type) else config.get(k) != v
+        for k, v in shape.items()
+    ):
+        raise ConfigError(
+            f"{directory / CONFIG} is not the config of an attnlab {FORMAT['version']} export: "
+            "export the checkpoint again with this version of attnlab"
+        )
+    if not isinstance(aliases, dict) or not all(a in state for a in aliases.values()):
+        raise ConfigError(f"{directory / WEIGHTS} names tensors it does not hold: export again")
+    state.update({name: state[kept] for name, kept in aliases.items()})
+    checkpoint = {
+        "state_dict": state,
+        "hyper_parameters": config["hyper_parameters"],
+        RECORD_KEY: config["run"],
+    }
+    return checkpoint | read_tokenizers(directory)
+
+
+def read_tokenizers(directory: Path) -> dict[str, Any]:
+    """The tokenizer entries of a checkpoint, from an exported directory's files."""
+    if (directory / SOURCE).is_file():
+        source = (directory / SOURCE).read_bytes()
+        target = directory / TARGET
+        return {VOCABULARY_KEY: [source, target.read_bytes() if target.is_file() else source]}
+    for kind, name in TOKENIZER_FILES.items():
+        if (directory / name).is_file():
+            return {TOKENIZER_KEY: {"kind": kind, "model": (directory / name).read_bytes()}}
+    return {}  # a model that reads no text (the probe, the synthetic tasks)
+
+
+def tokenizer_files(checkpoint: dict[str, Any]) -> dict[str, bytes]:
+    """The files holding a checkpoint's tokenizers, by name."""
+    if VOCABULARY_KEY in checkpoint:
+        source, target = checkpoint[VOCABULARY_KEY]
+        return {SOURCE: source} | ({} if target == source else {TARGET: target})
+    if TOKENIZER_KEY in checkpoint:
+        stored = checkpoint[TOKENIZER_KEY]
+        return {TOKENIZER_FILES[stored["kind"]]: stored["model"]}
+    return {}
+
+
+def shared_once(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensors of `state`, each memory stored once (safetensors refuses shared memory),
+    and the names that repeat an earlier one: {name: name of the tensor kept}."""
+    kept: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for name, tensor in state.items():
+        place = (
+            tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+            tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype,
+        )  # fmt: skip
+        if place in seen:
+            aliases[name] = seen[place]
+        else:
+            seen[place] = name
+            kept[name] = tensor.detach().clone().contiguous()  # a storage of its own
+    return kept, aliases
+
+
+def export(ckpt_path: str, out: str) -> list[str]:
+    """Write the model of `ckpt_path` into the new directory `out`; the files written."""
+    from safetensors.torch import save_file
+
+    if Path(ckpt_path).is_dir():
+        raise ConfigError(f"{ckpt_path} is an export already: pass a checkpoint file")
+    checkpoint = read_checkpoint(ckpt_path)
+    target = Path(out)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ConfigError(f"out={out} already exists and is not empty: pass a new directory")
+    config = {
+        **FORMAT,
+        "hyper_parameters": checkpoint.get("hyper_parameters", {}),
+        "run": checkpoint[RECORD_KEY],
+    }
+    try:
+        text = json.dumps(config, indent=1, ensure_ascii=False)
+    except TypeError as error:  # a value JSON cannot hold: the checkpoint is not train.py's
+        raise ConfigError(f"{ckpt_path} holds settings JSON cannot hold ({error})") from None
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    partial.mkdir(parents=True)
+    try:
+        tensors, aliases = shared_once(checkpoint["state_dict"])
+        save_file(tensors, partial / WEIGHTS, metadata={"aliases": json.dumps(aliases)})
+        (partial / CONFIG).write_text(text + "\n", encoding="utf-8")
+        for name, model in tokenizer_files(checkpoint).items():
+            (partial / name).write_bytes(model)
+        if target.exists():
+            target.rmdir()  # empty (checked above)
+        partial.rename(target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return sorted(path.name for path in target.iterdir())
+
+
+def rebuild(system_class: type[S], checkpoint: dict[str, Any], changes: dict[str, Any]) -> S:
+    """The system a checkpoint (or export) holds: built from its stored hyperparameters that
+    `system_class` takes, with `changes` set over them, then its tokenizers and weights."""
+    accepted = inspect.signature(system_class).parameters
+    stored = {k: v for k, v in checkpoint["hyper_parameters"].items() if k in accepted}
+    system = system_class(**(stored | changes))
+    system.on_load_checkpoint(checkpoint)
+    system.load_state_dict(checkpoint["state_dict"])
+    system.run_record = checkpoint[RECORD_KEY]
+    return system

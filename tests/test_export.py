@@ -1,0 +1,116 @@
+"""attnlab export: a checkpoint's model as safetensors, JSON and tokenizer files, loaded back
+by generate (and, in test_translate and test_chat, by translate, eval.py and chat) to the
+same outputs; loading runs no code; every mistake is one sentence."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+from test_lm_generation import generated, save_lm_checkpoint
+
+from attnlab.cli import main
+from attnlab.config import ConfigError
+from attnlab.stored import CONFIG, WEIGHTS, export, read_checkpoint
+
+
+@pytest.fixture
+def exported(make_config, tmp_path):
+    checkpoint = save_lm_checkpoint(make_config, tmp_path / "lm.ckpt")
+    out = tmp_path / "export"
+    export(str(checkpoint), str(out))
+    return checkpoint, out
+
+
+def test_an_exported_language_model_generates_as_its_checkpoint(exported, capsys):
+    checkpoint, out = exported
+    assert sorted(p.name for p in out.iterdir()) == [CONFIG, WEIGHTS, "tokenizer.chars"]
+    texts = [
+        generated(
+            capsys,
+            f"ckpt_path={model}",
+            "prompt=First",
+            "max_new_tokens=20",
+            "decode.strategy=nucleus",
+            "decode.seed=3",
+        )
+        for model in (checkpoint, out)
+    ]
+    assert texts[0] == texts[1] and len(texts[0]) > len("First") + 10
+
+
+def test_tied_weights_are_stored_once_and_loaded_into_both_names(make_config, tmp_path):
+    from safetensors import safe_open
+
+    checkpoint = torch.load(save_lm_checkpoint(make_config, tmp_path / "lm.ckpt"))
+    shared = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64))
+    checkpoint["state_dict"] |= {"tied.a": shared, "tied.b": shared}
+    torch.save(checkpoint, tmp_path / "tied.ckpt")
+    export(str(tmp_path / "tied.ckpt"), str(tmp_path / "out"))
+    with safe_open(tmp_path / "out" / WEIGHTS, framework="pt") as weights:
+        names = set(weights.keys())
+    assert ("tied.a" in names) != ("tied.b" in names)  # one copy
+    state = read_checkpoint(tmp_path / "out")["state_dict"]
+    assert torch.equal(state["tied.a"], shared) and torch.equal(state["tied.b"], shared)
+
+
+def test_loading_an_export_unpickles_nothing(exported, monkeypatch, capsys):
+    _, out = exported
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("loading an exported model unpickled something")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+    text = generated(capsys, f"ckpt_path={out}", "prompt=A", "decode.strategy=greedy")
+    assert text.startswith("A")
+
+
+def test_a_config_naming_code_is_refused_in_one_sentence(exported, capsys):
+    _, out = exported
+    config = json.loads((out / CONFIG).read_text())
+    config["run"]["config"]["task"]["system"]["_target_"] = "os.system"
+    (out / CONFIG).write_text(json.dumps(config))
+    with pytest.raises(SystemExit, match=r"_target_ 'os.system' is not a class of attnlab"):
+        main(["generate", f"ckpt_path={out}", "prompt=A"])
+
+
+def test_a_pickle_in_place_of_the_weights_is_refused_in_one_sentence(exported):
+    _, out = exported
+    (out / WEIGHTS).write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
+    with pytest.raises(ConfigError, match="cannot be read as an exported model"):
+        read_checkpoint(out)
+
+
+@pytest.mark.parametrize(
+    ("settings", "sentence"),
+    [
+        (["out=x"], "export needs ckpt_path"),
+        (["ckpt_path=x.ckpt"], "export needs out"),
+        (["ckpt_path=x.ckpt", "out=y", "dtype=half"], "export has no setting dtype"),
+        (["ckpt_path=missing.ckpt", "out=y"], "missing.ckpt is not a file"),
+    ],
+)
+def test_a_bad_request_is_one_sentence(settings, sentence, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=sentence):
+        main(["export", *settings])
+
+
+def test_export_writes_over_nothing_and_loads_only_what_it_wrote(exported, tmp_path):
+    checkpoint, out = exported
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        export(str(checkpoint), str(out))
+    with pytest.raises(ConfigError, match="is an export already"):
+        export(str(out), str(tmp_path / "again"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"a directory without config\.json"):
+        read_checkpoint(tmp_path / "empty")
+    config = json.loads((out / CONFIG).read_text())
+    (out / CONFIG).write_text(json.dumps({**config, "version": 99}))
+    with pytest.raises(ConfigError, match="is not the config of an attnlab 1 export"):
+        read_checkpoint(out)

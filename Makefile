@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-gpu
+.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-dialogue bench-gpu
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ bench-causal: install ## attnlab's causal LM vs nn.TransformerEncoder, eager and
 
 bench-disk: install ## disk per finished run, before and after weights-only best checkpoints -> BENCHMARKS.md
 	$(PY) benchmarks/disk.py
+
+bench-dialogue: install ## pairs/s of dialogue's test phase (beam search over the Chit-Chat test split) -> BENCHMARKS.md
+	$(PY) benchmarks/dialogue.py
 
 bench-gpu: install ## on a CUDA machine: FlexAttention check, speed vs nn.Transformer and x-transformers, variants, decoding, the causal stack in bf16 and on FlashAttention -> BENCHMARKS.md
 	$(PY) benchmarks/gpu.py check

@@ -107,6 +107,13 @@ def test_the_causal_stack_benchmark_runs_in_smoke_mode(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+@pytest.mark.slow
+def test_the_dialogue_test_phase_benchmark_runs_in_smoke_mode(tmp_path):
+    result = run_smoke("dialogue.py", "--smoke", tmp_path=tmp_path)
+    _header, row = table_rows(result.stdout)
+    assert row.startswith("| 82 |")  # the pairs of two test batches of the Chit-Chat split
+
+
 def test_without_a_gpu_the_benchmarks_say_they_need_one():
     result = subprocess.run(
         [sys.executable, "benchmarks/gpu.py", "check"], cwd=ROOT, capture_output=True, text=True

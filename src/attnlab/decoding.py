@@ -114,9 +114,9 @@ class Decoder:
 
 def force_eos(log_probs: Tensor, at_limit: Tensor, eos: int) -> Tensor:
     """Rows at their length limit may only emit EOS."""
-    forced = torch.full_like(log_probs, float("-inf"))
-    forced[:, eos] = 0.0
-    return torch.where(at_limit[:, None], forced, log_probs)
+    only_eos = torch.full_like(log_probs[0], float("-inf"))
+    only_eos[eos] = 0.0
+    return torch.where(at_limit[:, None], only_eos, log_probs)
 
 
 def block_repeats(log_probs: Tensor, tokens: Tensor, n: int) -> Tensor:
@@ -155,13 +155,14 @@ def greedy(
     sampler: Sampler | None = None,
 ) -> list[list[int]]:
     """The likeliest token at each step, or with `sampler` a token drawn by it."""
-    steps = int(limits.max()) + 1
+    first, steps = int(limits.min()), int(limits.max()) + 1
     decoder = Decoder(model, src, src_padding, 1, cache, steps)
     tokens = src.new_full((src.shape[0], 1), bos)
     finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
     for step in range(steps):
         log_probs = block_repeats(decoder.log_probs(tokens), tokens, no_repeat_ngram)
-        log_probs = force_eos(log_probs, (step >= limits) | finished, eos)
+        if step >= first:  # no row is at its limit before (what follows an EOS is dropped)
+            log_probs = force_eos(log_probs, step >= limits, eos)
         next_tokens = log_probs.argmax(-1) if sampler is None else sampler(log_probs)
         tokens = torch.cat((tokens, next_tokens[:, None]), 1)
         finished |= next_tokens == eos
@@ -249,7 +250,7 @@ def beam_search(
     no_repeat_ngram: int = 0,
 ) -> list[list[int]]:
     batch, k = src.shape[0], beam
-    steps = int(limits.max()) + 1
+    first, steps = int(limits.min()), int(limits.max()) + 1
     decoder = Decoder(model, src, src_padding, k, cache, steps)
     tokens = src.new_full((batch * k, 1), bos)
     scores = torch.zeros(batch, k, device=src.device)
@@ -259,7 +260,8 @@ def beam_search(
     base = torch.arange(batch, device=src.device)[:, None] * k
     for step in range(steps):
         log_probs = block_repeats(decoder.log_probs(tokens), tokens, no_repeat_ngram)
-        log_probs = force_eos(log_probs, step >= row_limits, eos)
+        if step >= first:  # no row is at its limit before
+            log_probs = force_eos(log_probs, step >= row_limits, eos)
         vocab = log_probs.shape[-1]
         candidates = (scores.reshape(-1, 1) + log_probs).view(batch, k * vocab)
         top_scores, top_index = candidates.topk(2 * k, dim=1)

@@ -249,3 +249,34 @@ def test_training_metrics_are_averaged_over_ranks_and_the_others_kept():
     }  # fmt: skip
     assert calls == ["mean", "mean"]
     assert averaged_over_ranks(SimpleNamespace(world_size=1), metrics) == metrics
+
+
+@pytest.mark.parametrize(
+    "overrides,sentence",
+    [
+        (["task=translation", "pe=t5", "pe.num_buckets=0"], "pe.num_buckets=0 is too small"),
+        (
+            ["task=translation", "model.cross_pe=true", "pe=sinusoidal"],
+            "cross_pe=true does nothing",
+        ),
+        (["task=lm", "task.data.source=local", "pe=rope", "pe.scaling=bogus"], "pe.scaling"),
+    ],
+)
+def test_a_bad_variant_setting_stops_the_run_before_any_data_is_read(
+    overrides, sentence, make_config, tmp_path
+):
+    from attnlab.config import ConfigError
+
+    missing = tmp_path / "no-such-data"
+    cfg = make_config([*overrides, f"paths.data_dir={missing}", f"task.data.dir={missing}"])
+    with pytest.raises(ConfigError, match=sentence):
+        train(cfg)
+    assert not missing.exists()  # no cache was opened, no tokenizer trained
+
+
+def test_a_synthetic_tasks_architecture_is_checked_before_its_data_is_drawn(make_config):
+    from attnlab.config import ConfigError
+
+    cfg = make_config(["task=copy", "task.arch=bogus", "task.data.train_size=1000000000"])
+    with pytest.raises(ConfigError, match=r"task\.arch='bogus' is not one of"):
+        train(cfg)

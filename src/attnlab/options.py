@@ -16,13 +16,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from attnlab.config import own_class, to_dict
+from attnlab.config import GROUPS, VARIANTS, own_class, to_dict
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
-GROUPS = (
-    "task", "pe", "norm", "synthesizer", "block", "model", "trainer", "logger", "callbacks",
-    "extras", "experiment", "hparams_search", "debug", "paths", "hydra", "hydra/launcher",
-)  # fmt: skip
 
 
 def options(group: str) -> list[str]:
@@ -41,7 +37,7 @@ def variant(group: str, option: str, *overrides: str) -> dict[str, Any]:
 # them is composed in one compose, each at a package of its own, paying Hydra's fixed cost
 # once: 32 options in about 2 s instead of 11 s one by one. A model option may pick a block
 # (model/gau), so it is composed in "train".
-COMPOSED_ALONE = ("pe", "norm", "synthesizer", "block")
+COMPOSED_ALONE = (*VARIANTS, "block")
 
 
 @functools.cache

@@ -18,8 +18,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import ConfigError
-from attnlab.options import CONFIG_DIR, GROUPS
+from attnlab.config import GROUPS, ConfigError
+from attnlab.options import CONFIG_DIR
 
 
 def check_added_groups(args: list[str]) -> None:

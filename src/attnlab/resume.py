@@ -25,18 +25,22 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
-from attnlab.config import ARCHITECTURE, DESCRIPTIVE, NOT_WEIGHTS, ConfigError, flatten
+from attnlab.config import (
+    ARCHITECTURE,
+    DESCRIPTIVE,
+    GROUPS,
+    NOT_WEIGHTS,
+    OUTPUT,
+    ConfigError,
+    flatten,
+)  # fmt: skip
 from attnlab.stored import RECORD_KEY, read_checkpoint
 
 LAST = "last.ckpt"  # the latest state of a run, in <run dir>/checkpoints/
 
-GROUPS = (
-    "task", "pe", "norm", "synthesizer", "model", "block", "trainer", "logger", "callbacks",
-    "extras", "experiment", "hparams_search", "debug",
-)  # fmt: skip
-SETTINGS = (
-    "task", "pe", "norm", "synthesizer", "model", "block", "trainer", "decode", "extras",
-)  # fmt: skip
+# what a stored override may choose (never where output goes) and may set a value inside
+CHOSEN = tuple(group for group in GROUPS if group not in OUTPUT)
+SETTINGS = ("task", *ARCHITECTURE, "trainer", "decode", "extras")
 OUTPUT_KEYS = ("default_root_dir", "cache_dir", "dirpath", "save_dir", "output_dir", "log_dir")
 DATA_LOCATIONS = ("task.data.dir", "task.data.test_src", "task.data.test_tgt")
 # how a run was trained, not what it learned: an evaluation never takes these from the run
@@ -72,7 +76,7 @@ def _allowed(override: Override) -> bool:
     parts = key.split(".")
     if any(part.startswith("_") for part in parts) or override.is_sweep_override():
         return False
-    if len(parts) == 1 and key in GROUPS:  # a group choice, or deleting one
+    if len(parts) == 1 and key in CHOSEN:  # a group choice, or deleting one
         package = override.package
         if package not in (None, "") and package.split(".")[0] != key:
             return False  # `pe@pe.base=rope` places an option inside its group, nowhere else

@@ -22,11 +22,19 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.callbacks import ScoredExamples, ValidateAtEnd
-from attnlab.config import ARCHITECTURE, DESCRIPTIVE, ConfigError, build, to_dict
+from attnlab.config import (
+    ARCHITECTURE,
+    DESCRIPTIVE,
+    OUTPUT,
+    REPORTING,
+    ConfigError,
+    build,
+    own_class,
+    to_dict,
+)  # fmt: skip
 from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig
 from attnlab.logger.wandb import WandbLogger
-from attnlab.model.config import Architecture
 from attnlab.optim import check_optim
 from attnlab.systems.base import System
 
@@ -67,9 +75,13 @@ def command_line_overrides() -> list[str]:
 
 
 def check_settings(cfg: DictConfig) -> None:
-    """The architecture, optimizer and decoding settings, checked before any data is read (the
-    system checks them again when it is built, after the data gave it vocabulary sizes)."""
-    Architecture.from_config({group: cfg[group] for group in ARCHITECTURE})
+    """The architecture (the network built on the meta device, every variant against its
+    stack's shape), optimizer and decoding settings, checked before any data is read (the
+    system is built again once the data gave it its vocabulary)."""
+    system = to_dict(cfg.task.system)
+    own_class(system.pop("_target_")).check_network(
+        {group: to_dict(cfg[group]) for group in ARCHITECTURE}, system
+    )
     check_optim(**to_dict(cfg.task.optim))
     DecodeConfig(**to_dict(cfg.decode))
 
@@ -127,7 +139,7 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.
     )
 
 
-NOT_LOGGED = ("paths", "hydra", "logger", "callbacks", "extras")  # where outputs go, not what ran
+NOT_LOGGED = (*OUTPUT, *REPORTING)  # where outputs go, not what ran
 
 
 # settings that locate files on one machine, relative or absolute: not logged

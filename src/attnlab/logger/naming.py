@@ -18,7 +18,9 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-CHOICES = ("pe", "norm", "synthesizer", "task", "model", "block")  # the groups tagged
+from attnlab.config import VARIANTS
+
+CHOICES = (*VARIANTS, "task", "model", "block")  # the groups tagged
 NAME_LENGTH = 128  # what W&B shows of a run's name
 # overrides that say where output goes or how a run was cut short, not what ran
 NOT_NAMING = re.compile(

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from attnlab.attention.core import AttentionParts, Compute, attend
+from attnlab.config import VARIANTS
 from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import Stack, attention_mask
@@ -71,9 +72,7 @@ def build_parts(choice: dict[str, str], causal: bool) -> AttentionParts:
     at C = 1, which changes nothing)."""
     torch.manual_seed(0)
     shape = replace(SHAPE, causal=causal)
-    nodes = [
-        shrink(variant(group, choice[group]), LENGTH) for group in ("pe", "norm", "synthesizer")
-    ]
+    nodes = [shrink(variant(group, choice[group]), LENGTH) for group in VARIANTS]
     parts = AttentionParts.from_config(*nodes, shape).double()
     with torch.no_grad():
         for parameter in parts.parameters():
@@ -149,9 +148,7 @@ def biased(attend_with: Callable[[Tensor], Tensor]) -> tuple[Tensor, float]:
 def stack_deviation(choice: dict[str, str], causal: bool, perm: Tensor) -> float:
     """How far a 2-layer stack (pre-LN, FFN) is from permutation equivariance."""
     torch.manual_seed(0)
-    attention = AttentionConfig(
-        *(shrink(variant(g, choice[g]), LENGTH) for g in ("pe", "norm", "synthesizer"))
-    )
+    attention = AttentionConfig(*(shrink(variant(g, choice[g]), LENGTH) for g in VARIANTS))
     cfg = ModelConfig(Standard(), d_model=SHAPE.d_model, n_heads=SHAPE.n_heads, n_layers=2,
                       d_ff=32, dropout=0.0, init_std=0.3)  # fmt: skip
     stack = Stack(cfg, attention, cfg.n_layers, causal=causal).double().eval()

@@ -5,9 +5,12 @@ ask of a system."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
+import torch
 from torch import Tensor, nn
 
 from attnlab.data.task import TaskData
@@ -19,6 +22,8 @@ from attnlab.stored import RECORD_KEY
 from attnlab.synthesizer.base import Synthesizer
 
 PART_TYPES = {"pe": PositionalEncoding, "synthesizer": Synthesizer, "norm": Normalizer}
+# what the data gives a system (vocabulary and class counts), before any data is read
+STAND_IN = {"vocab_size": 8, "src_vocab_size": 8, "tgt_vocab_size": 8, "num_classes": 8}
 
 
 def parameter_counts(model: nn.Module) -> dict[str, int]:
@@ -48,6 +53,24 @@ class System(L.LightningModule):
         check_optim(**optim)  # before any work, not when training starts
         self.optim = dict(optim)
         self.architecture = Architecture.from_config(architecture)
+
+    @classmethod
+    def network(cls, architecture: Architecture, **arguments: Any) -> nn.Module:
+        """The network this system trains, from its constructor's arguments (those it
+        needs; the others pass unused)."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_network(cls, architecture: dict, settings: Mapping[str, Any]) -> None:
+        """Build the network on the meta device (no memory, no values) with a stand-in
+        vocabulary and the task's `settings`: every variant is built against the shape of
+        the stack it sits in, and refuses a bad setting, before any data is read."""
+        accepted = inspect.signature(cls).parameters
+        stand_in = {k: v for k, v in STAND_IN.items() if k in accepted}
+        bound = inspect.signature(cls).bind_partial(**stand_in, **settings)
+        bound.apply_defaults()
+        with torch.device("meta"):
+            cls.network(Architecture.from_config(architecture), **bound.arguments)
 
     def configure_model(self) -> None:
         """With model.compile, torch.compile the network's forward in place (parameter

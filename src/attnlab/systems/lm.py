@@ -35,6 +35,7 @@ from attnlab.data.stream import TOKENIZER_KEY, StreamTokenizer, restore_tokenize
 from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig
 from attnlab.generation import continuations
+from attnlab.model.config import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM
 from attnlab.plots import lm_length_figures, save
@@ -65,7 +66,7 @@ class LMSystem(System):
                 "to continue: give some text (e.g. a line break), or task.system.samples=0"
             )
         self.tokenizer = tokenizer  # from the data; from the checkpoint when loaded
-        self.net = DecoderLM(self.architecture.model, self.architecture.attention, vocab_size)
+        self.net = self.network(self.architecture, vocab_size=vocab_size)
         self.decode_config = DecodeConfig(**(decode or {}))
         self.samples, self.sample_prompt, self.sample_tokens = samples, sample_prompt, sample_tokens
         self.not_applicable: list[int] = []
@@ -231,6 +232,10 @@ class LMSystem(System):
                 logger.log_text("val/samples", columns=["step", "prompt", "text"], data=data)
 
     # checkpoints
+
+    @classmethod
+    def network(cls, architecture: Architecture, vocab_size: int, **unused: Any) -> DecoderLM:
+        return DecoderLM(architecture.model, architecture.attention, vocab_size)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)

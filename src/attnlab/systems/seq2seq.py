@@ -28,6 +28,7 @@ from torchmetrics import MeanMetric
 from attnlab.config import ConfigError, require_counts
 from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig, generate
+from attnlab.model.config import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import EncoderDecoder
 from attnlab.scores import SCORERS, signatures
@@ -66,13 +67,10 @@ class Seq2SeqSystem(System):
     ) -> None:
         super().__init__(architecture, optim)
         self.tokenizers = tokenizers  # from the data; from the checkpoint when loaded
-        self.net = EncoderDecoder(
-            self.architecture.model,
-            self.architecture.attention,
-            src_vocab_size,
-            tgt_vocab_size,
-            joint_vocab,
-        )
+        self.net = self.network(
+            self.architecture, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+            joint_vocab=joint_vocab,
+        )  # fmt: skip
         self.decode_config = DecodeConfig(**(decode or {}))
         if scores not in SCORERS:
             raise ConfigError(f"task.system.scores={scores!r} is not one of: {', '.join(SCORERS)}")
@@ -84,6 +82,14 @@ class Seq2SeqSystem(System):
         self.nll = MeanMetric()  # per target token, for the perplexity
         self.generator: torch.Generator | None = None  # sampling strategies, at test time
         self.hypotheses: list[tuple[int, str, str, str]] = []  # index, source, ref, hypothesis
+
+    @classmethod
+    def network(
+        cls, architecture: Architecture, src_vocab_size: int, tgt_vocab_size: int,
+        joint_vocab: bool, **unused: Any,
+    ) -> EncoderDecoder:  # fmt: skip
+        model, attention = architecture.model, architecture.attention
+        return EncoderDecoder(model, attention, src_vocab_size, tgt_vocab_size, joint_vocab)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "sacrebleu": signatures(self.scores)}

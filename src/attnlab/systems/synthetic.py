@@ -15,6 +15,8 @@ and all of them together (`test/acc`, `test/token_acc`, `test/loss`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -23,6 +25,7 @@ from attnlab.config import ConfigError
 from attnlab.data.task import IGNORE, TaskData
 from attnlab.decoding import Decoder
 from attnlab.generation import continue_text
+from attnlab.model.config import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM, EncoderDecoder
 from attnlab.systems.base import System
@@ -89,17 +92,22 @@ class SyntheticSystem(System):
         arch: str = "decoder",
     ) -> None:
         super().__init__(architecture, optim)
-        if arch not in ARCHS:
-            raise ConfigError(f"task.arch={arch!r} is not one of: {', '.join(ARCHS)}")
-        model, attention = self.architecture.model, self.architecture.attention
         self.specials = Specials(**specials)
-        self.net: DecoderLM | EncoderDecoder = (
-            DecoderLM(model, attention, vocab_size)
-            if arch == "decoder"
-            else EncoderDecoder(model, attention, vocab_size, vocab_size)
-        )
+        self.net = self.network(self.architecture, vocab_size=vocab_size, arch=arch)
+
         self.bucket_ends: dict[str, list[int]] = {}
         self.tallies: Tensor | None = None  # [buckets, TALLIES], float64
+
+    @classmethod
+    def network(
+        cls, architecture: Architecture, vocab_size: int, arch: str, **unused: Any
+    ) -> DecoderLM | EncoderDecoder:
+        if arch not in ARCHS:
+            raise ConfigError(f"task.arch={arch!r} is not one of: {', '.join(ARCHS)}")
+        model, attention = architecture.model, architecture.attention
+        if arch == "decoder":
+            return DecoderLM(model, attention, vocab_size)
+        return EncoderDecoder(model, attention, vocab_size, vocab_size)
 
     # the contract (attnlab.systems.base)
 

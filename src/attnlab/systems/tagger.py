@@ -6,6 +6,8 @@ the sequence right) and /acc_pos/<p> (accuracy at position p, 1-based).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
@@ -14,6 +16,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from attnlab.config import ConfigError
 from attnlab.data.task import IGNORE, TaskData
 from attnlab.metrics import AccuracyByPosition
+from attnlab.model.config import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import Tagger
 from attnlab.systems.base import System
@@ -43,12 +46,20 @@ class TaggerSystem(System):
         causal: bool = False,
     ) -> None:
         super().__init__(architecture, optim)
-        self.net = Tagger(
-            self.architecture.model, self.architecture.attention, vocab_size, num_classes, causal
+        self.net = self.network(
+            self.architecture, vocab_size=vocab_size, num_classes=num_classes, causal=causal
         )
         self.train_metrics = nn.ModuleDict({"acc": token_accuracy(num_classes)})
         self.val_metrics = eval_metrics(num_classes)
         self.test_metrics = eval_metrics(num_classes)
+
+    @classmethod
+    def network(
+        cls, architecture: Architecture, vocab_size: int, num_classes: int, causal: bool,
+        **unused: Any,
+    ) -> Tagger:  # fmt: skip
+        model, attention = architecture.model, architecture.attention
+        return Tagger(model, attention, vocab_size, num_classes, causal)
 
     def _step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
         logits = self.net(batch["tokens"], batch["padding"])

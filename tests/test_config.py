@@ -154,3 +154,20 @@ def test_a_variant_composed_alone_is_the_node_a_run_gets(group, tmp_path):
         assert variant(group, option) == to_dict(
             compose_config([f"{group}={option}"], tmp_path)[group]
         )
+
+
+def test_the_model_settings_python_falls_back_on_are_the_yamls():
+    """ModelConfig's defaults (for networks built in code: tests, benchmarks) are those of
+    conf/model/small.yaml, cross-attention's parts included: no second set of defaults."""
+    from dataclasses import MISSING, fields
+
+    from attnlab.model.config import ModelConfig
+    from attnlab.options import variant
+
+    yaml = variant("model", "small")
+    defaults = {
+        f.name: f.default if f.default_factory is MISSING else f.default_factory()
+        for f in fields(ModelConfig)
+        if f.name != "block"
+    }
+    assert defaults == {name: yaml[name] for name in defaults}

@@ -4,7 +4,7 @@ of a run."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from torch import nn
@@ -22,6 +22,11 @@ from attnlab.config import (
 from attnlab.shape import StackShape
 
 ACTIVATIONS = ("relu", "gelu")
+# the parts of an encoder-decoder's cross-attention besides the run's norm (conf/model/small.yaml)
+CROSS_ATTENTION = {
+    "pe": {"_target_": "attnlab.pe.none.NoPE"},  # while cross_pe is false
+    "synthesizer": {"_target_": "attnlab.synthesizer.dot.Dot"},
+}
 
 
 class BlockType(Protocol):
@@ -54,6 +59,7 @@ class ModelConfig:
     embed_scale: bool = True  # Vaswani: token embeddings ~ N(0, 1/d), multiplied by √d
     tie_embeddings: bool = True  # share input and output embeddings where vocabularies match
     cross_pe: bool = False  # apply the PE to cross-attention too (T5 does not)
+    cross_attention: Mapping[str, Any] = field(default_factory=lambda: dict(CROSS_ATTENTION))
     fast_attention: bool = True  # use F.scaled_dot_product_attention where it applies
     flex_attention: bool = False  # on CUDA, FlexAttention for softmax with t5/alibi/shaw terms
     attention_chunk: int | None = 512  # training attends in recomputed blocks of this many queries

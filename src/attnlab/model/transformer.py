@@ -21,9 +21,6 @@ from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.pe.base import PositionalEncoding
 from attnlab.tensors import linear
 
-NO_PE = {"_target_": "attnlab.pe.none.NoPE"}
-DOT = {"_target_": "attnlab.synthesizer.dot.Dot"}
-
 
 @dataclass
 class StackCache:
@@ -97,10 +94,11 @@ class Stack(nn.Module):
         )
         self.cross_parts = None
         if cross:
-            cross_pe = attention.pe if cfg.cross_pe else NO_PE
+            chosen = cfg.cross_attention
+            cross_pe = attention.pe if cfg.cross_pe else chosen["pe"]
             cross_shape = cfg.multi_head_shape(n_layers, causal=False, cross=True)
             self.cross_parts = AttentionParts.from_config(
-                cross_pe, attention.norm, DOT, cross_shape
+                cross_pe, attention.norm, chosen["synthesizer"], cross_shape
             )
             if cfg.cross_pe and not self.cross_parts.pe.acts_in_attention:
                 raise ConfigError(

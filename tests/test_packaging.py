@@ -23,7 +23,8 @@ def wheel(tmp_path_factory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     ignored = shutil.ignore_patterns("__pycache__", "*.egg-info", "local")
-    shutil.copytree(ROOT / "src", source / "src", ignore=ignored)
+    for tree in ("src", "conf"):  # as a clone holds them: src/attnlab/conf links to conf/
+        shutil.copytree(ROOT / tree, source / tree, symlinks=True, ignore=ignored)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
          "--quiet", "-w", str(out)],
@@ -36,8 +37,8 @@ def wheel(tmp_path_factory) -> Path:
 def test_the_wheel_ships_every_config(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     in_checkout = {
-        f"attnlab/{path.relative_to(ROOT / 'src' / 'attnlab')}"
-        for path in (ROOT / "src" / "attnlab" / "conf").rglob("*.yaml")
+        f"attnlab/conf/{path.relative_to(ROOT / 'conf')}"
+        for path in (ROOT / "conf").rglob("*.yaml")
         if "local" not in path.parts
     }
     assert "attnlab/conf/train.yaml" in in_checkout and "attnlab/conf/pe/rope.yaml" in in_checkout

@@ -1,6 +1,6 @@
 """Evaluate a checkpoint: `python eval.py ckpt_path=...` (see README)."""
 
-from attnlab.evaluate import main
+from attnlab.runner.evaluate import main
 
 if __name__ == "__main__":
     main()

@@ -30,9 +30,9 @@ from hydra.core.global_hydra import GlobalHydra
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import ROOT, documented, machine, report
 
-from attnlab import run
 from attnlab.config import register_resolvers
 from attnlab.options import CONFIG_DIR
+from attnlab.runner import run
 
 SETTINGS = [
     "task=chitchat", "model=tiny", "~logger", "extras.print_config=false",

@@ -13,7 +13,7 @@ validations included). Reported: each seed, and the mean with its 95% t interval
 next to nanoGPT's 1.88 (which it estimates on 20 random batches of validation windows) and
 to nanoGPT's own code run on this machine and scored on the whole split (NANOGPT_HERE).
 
-speed: the experiment's network (its config composed, built by attnlab.run as train.py
+speed: the experiment's network (its config composed, built by attnlab.runner.run as train.py
 builds it), trained on the same pre-drawn training batches two ways, alternating, in one
 process: (a) a lightning.Trainer (conf/trainer/default.yaml's settings with max_steps,
 gradient clipping 1.0 and fp32; no validation, checkpointing, logger, progress bar or model
@@ -54,12 +54,12 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import ROOT, documented, machine, report
 
-from attnlab import run
 from attnlab.compare.runs import read_logged
 from attnlab.compare.seeds import interval
 from attnlab.config import register_resolvers
 from attnlab.optim import configure_adamw
 from attnlab.options import CONFIG_DIR
+from attnlab.runner import run
 from attnlab.systems.lm import LMSystem
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"

@@ -68,8 +68,8 @@ def compose_config(
 def evaluated(checkpoint: Path, output: Path, *overrides: str) -> dict[str, float]:
     """eval.py's metrics for `checkpoint` with `overrides`, in this process (its stored
     overrides first, as on the command line), writing under `output`."""
-    from attnlab.evaluate import evaluate
-    from attnlab.resume import evaluation_arguments
+    from attnlab.runner.evaluate import evaluate
+    from attnlab.runner.resume import evaluation_arguments
 
     arguments = evaluation_arguments([f"ckpt_path={checkpoint}", *overrides])
     try:

@@ -12,8 +12,8 @@ from test_dialogue import conversation, dialogue_line, write_dialogues
 
 from attnlab.chat import chat
 from attnlab.config import ConfigError
+from attnlab.runner.train import train
 from attnlab.tasks.dialogue import END_OF_TURN
-from attnlab.train import train
 
 TEST_TALKS = [conversation(100 + n, 3) for n in range(3)]
 
@@ -61,7 +61,7 @@ def test_the_terminal_form_answers_each_turn_until_an_empty_line(trained, monkey
 
 
 def test_a_translation_or_probe_checkpoint_is_refused_in_one_sentence(tmp_path):
-    from attnlab.checkpoints import AtomicCheckpointIO
+    from attnlab.runner.checkpoints import AtomicCheckpointIO
     from attnlab.stored import RECORD_KEY
 
     path = tmp_path / "probe.ckpt"

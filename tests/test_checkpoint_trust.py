@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers import ROOT
 
-from attnlab.resume import allowed_overrides
+from attnlab.runner.resume import allowed_overrides
 from attnlab.stored import RECORD_KEY
 
 RUN = [

@@ -16,9 +16,9 @@ import pytest
 import torch
 from helpers import ROOT, train_py
 
-from attnlab.checkpoints import AtomicCheckpointIO
 from attnlab.config import ConfigError, to_dict
-from attnlab.resume import (
+from attnlab.runner.checkpoints import AtomicCheckpointIO
+from attnlab.runner.resume import (
     RECORD_KEY,
     allowed_overrides,
     check_same_model,
@@ -30,7 +30,7 @@ SHM = Path("/dev/shm")
 
 SAVE_TWICE = """
 import sys, torch
-from attnlab.checkpoints import AtomicCheckpointIO
+from attnlab.runner.checkpoints import AtomicCheckpointIO
 io = AtomicCheckpointIO()
 io.save_checkpoint({"n": 1, "w": torch.zeros(2**24)}, sys.argv[1])
 print("saving", flush=True)
@@ -68,7 +68,7 @@ def test_a_save_killed_halfway_leaves_the_previous_checkpoint_whole(tmp_path):
 
 
 def test_training_writes_checkpoints_through_the_atomic_io(make_config):
-    from attnlab.run import build_trainer
+    from attnlab.runner.run import build_trainer
 
     trainer = build_trainer(make_config(["model=tiny"]))
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from attnlab.run import build_datamodule, build_system
+from attnlab.runner.run import build_datamodule, build_system
 from attnlab.tasks.probe import probe_example
 
 

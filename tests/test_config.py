@@ -55,7 +55,7 @@ def test_an_impossible_model_stops_before_training_with_one_sentence(tmp_path):
 
 
 def test_a_sequence_longer_than_a_length_bound_pe_stops_before_training(make_config):
-    from attnlab.train import train
+    from attnlab.runner.train import train
 
     cfg = make_config(["pe=learned", "pe.max_len=8", "task.data.max_len=16"])
     with pytest.raises(ConfigError, match=r"16 positions .* at most 8 \(pe.max_len\)"):
@@ -112,7 +112,7 @@ def test_the_probe_table_sweeps_existing_options(tmp_path):
 @pytest.mark.slow
 def test_importing_the_package_registers_no_resolver():
     program = (
-        "import attnlab.config, attnlab.options, attnlab.run; from omegaconf import OmegaConf; "
+        "import attnlab.config, attnlab.options, attnlab.runner.run; from omegaconf import OmegaConf; "
         "assert not OmegaConf.has_resolver('unique'), 'registered on import'; "
         "attnlab.config.register_resolvers(); assert OmegaConf.has_resolver('unique')"
     )

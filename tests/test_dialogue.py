@@ -12,6 +12,7 @@ import pytest
 from helpers import SHARED_DATA
 
 from attnlab.config import ConfigError
+from attnlab.runner.train import train
 from attnlab.scores import dialogue_scores, distinct, signatures
 from attnlab.tasks import dialogue
 from attnlab.tasks.dialogue import (
@@ -21,7 +22,6 @@ from attnlab.tasks.dialogue import (
     normalize,
     split_conversations,
 )
-from attnlab.train import train
 
 DAILYDIALOG = SHARED_DATA / "dailydialog"
 needs_dailydialog = pytest.mark.skipif(

@@ -10,7 +10,7 @@ import pytest
 from helpers import ROOT, SHARED_DATA
 
 from attnlab.options import options
-from attnlab.train import train
+from attnlab.runner.train import train
 
 MULTI30K = SHARED_DATA / "multi30k"
 SHAKESPEARE = SHARED_DATA / "tinyshakespeare"

@@ -30,9 +30,9 @@ from attnlab.data.stream import (
 )
 from attnlab.model.config import Architecture
 from attnlab.model.transformer import DecoderLM
-from attnlab.run import build_system
+from attnlab.runner.run import build_system
+from attnlab.runner.train import train
 from attnlab.tasks.lm import LMDataModule
-from attnlab.train import train
 
 
 def write_splits(directory, train=TEXT, valid=TEXT, test=TEXT):

@@ -131,7 +131,7 @@ def test_a_group_that_does_not_exist_is_not_added_silently(added, tmp_path):
 
 @pytest.mark.parametrize("data_dir", [None, "elsewhere"])
 def test_the_resume_command_names_a_cache_of_the_runs_own(data_dir, make_config, tmp_path):
-    from attnlab.train import resumable
+    from attnlab.runner.train import resumable
 
     paths = [] if data_dir is None else [f"paths.data_dir={tmp_path / data_dir}"]
     cfg = make_config(paths)

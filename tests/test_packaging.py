@@ -55,7 +55,7 @@ def test_the_installed_entry_point_trains_outside_the_checkout(wheel, tmp_path):
     program = (
         "import sys, attnlab; from pathlib import Path; "
         f"assert Path(attnlab.__file__).is_relative_to({str(site)!r}), attnlab.__file__; "
-        "from attnlab.train import main; sys.argv[0] = 'attnlab-train'; main()"
+        "from attnlab.runner.train import main; sys.argv[0] = 'attnlab-train'; main()"
     )
     result = subprocess.run(
         [sys.executable, "-c", program, "pe=rope", "task=probe", "model=tiny", "debug=fast",

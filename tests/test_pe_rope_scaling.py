@@ -23,12 +23,12 @@ from attnlab.config import ConfigError, build
 from attnlab.model.transformer import attention_mask
 from attnlab.options import variant
 from attnlab.pe.rope import RoPE, inverse_frequencies, rotate, yarn_temperature
-from attnlab.resume import (
+from attnlab.runner.resume import (
     RECORD_KEY,
     check_same_model,
     evaluation_options,
 )
-from attnlab.train import train
+from attnlab.runner.train import train
 
 D = SHAPE.head_dim
 LAYOUTS = ["interleaved", "half"]

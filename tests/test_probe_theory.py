@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from attnlab.config import ConfigError
 from attnlab.options import causal_only, options
-from attnlab.run import build_datamodule, build_system
+from attnlab.runner.run import build_datamodule, build_system
 from attnlab.studies.probe import chance_bound, predict
 from attnlab.tasks.probe import ZERO, probe_example
 

@@ -13,9 +13,9 @@ from attnlab import status
 from attnlab.cli import main as attnlab
 from attnlab.config import ConfigError
 from attnlab.prune import TRAINING_STATE, prune
-from attnlab.resume import training_arguments
+from attnlab.runner.resume import training_arguments
+from attnlab.runner.train import train
 from attnlab.stored import RECORD_KEY
-from attnlab.train import train
 
 TINY = ["model=tiny", "task.data.train_size=256", "task.data.max_len=8", "trainer.max_epochs=2"]
 

@@ -138,7 +138,7 @@ def test_hypotheses_end_by_the_absolute_cap_whatever_the_source_length():
 
 
 def test_a_lightning_trainer_argument_not_in_the_trainer_config_is_a_setting():
-    from attnlab.preflight import check_setting_keys
+    from attnlab.runner.preflight import check_setting_keys
 
     args = ["trainer.accumulate_grad_batches=2", "trainer.max_epochs=3", "pe=rope"]
     assert check_setting_keys(args, "train") == ["++trainer.accumulate_grad_batches=2", *args[1:]]

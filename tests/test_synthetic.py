@@ -11,9 +11,10 @@ import pytest
 import torch
 from helpers import evaluated
 
-from attnlab import run
 from attnlab.config import ConfigError
 from attnlab.data.task import IGNORE
+from attnlab.runner import run
+from attnlab.runner.train import train
 from attnlab.systems.synthetic import answer_scores, bucket_metrics, decoded_answers
 from attnlab.tasks.synthetic import (
     Batches,
@@ -25,7 +26,6 @@ from attnlab.tasks.synthetic import (
     collate,
     eval_batches,
 )
-from attnlab.train import train
 
 I = IGNORE  # noqa: E741
 SPECIALS = Specials.after(10)  # PAD 10, SEP 11, EOS 12

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab import callbacks
-from attnlab.callbacks import TokenThroughput
 from attnlab.data.batching import collate
 from attnlab.data.cache import Example
 from attnlab.options import variant
+from attnlab.runner import callbacks
+from attnlab.runner.callbacks import TokenThroughput
 from attnlab.systems.seq2seq import Seq2SeqSystem
 from attnlab.systems.tagger import TaggerSystem
 from attnlab.tasks.probe import ProbeDataModule, probe_example

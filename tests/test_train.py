@@ -19,8 +19,8 @@ from attnlab import status
 from attnlab.config import Diverged
 from attnlab.optim import lr_factor
 from attnlab.options import causal_only, options
-from attnlab.run import print_config
-from attnlab.train import train
+from attnlab.runner.run import print_config
+from attnlab.runner.train import train
 
 TINY = ["model=tiny", "task.data.train_size=256", "task.data.max_len=8"]
 QUIET_OUTPUT = ["callbacks.progress_bar.refresh_rate=0", "extras.print_config=false"]
@@ -202,7 +202,7 @@ def test_the_start_of_a_run_names_the_parameters_without_lightnings_noise(make_c
 
 
 def test_the_end_of_run_summary_goes_to_the_console_and_to_the_runs_log_file(tmp_path, capsys):
-    from attnlab.run import report
+    from attnlab.runner.run import report
 
     handler = logging.FileHandler(tmp_path / "train.log")
     logging.getLogger().addHandler(handler)
@@ -216,7 +216,7 @@ def test_the_end_of_run_summary_goes_to_the_console_and_to_the_runs_log_file(tmp
 
 
 def test_the_summary_names_the_block_and_the_probes_switches(make_config):
-    from attnlab.run import summary
+    from attnlab.runner.run import summary
 
     text = summary(make_config(["task.markers=true"]), {"total": 10}, {}, "/run")
     assert "block        standard" in text and "markers      true" in text
@@ -224,7 +224,7 @@ def test_the_summary_names_the_block_and_the_probes_switches(make_config):
 
 
 def test_the_config_tree_keeps_every_line_whole_when_not_on_a_terminal(make_config):
-    from attnlab.run import config_tree
+    from attnlab.runner.run import config_tree
 
     long = "x" * 300
     text = config_tree(make_config([f"tags=[{long}]"]), color=False)
@@ -234,7 +234,7 @@ def test_the_config_tree_keeps_every_line_whole_when_not_on_a_terminal(make_conf
 def test_training_metrics_are_averaged_over_ranks_and_the_others_kept():
     from types import SimpleNamespace
 
-    from attnlab.train import averaged_over_ranks
+    from attnlab.runner.train import averaged_over_ranks
 
     calls = []
 

@@ -12,7 +12,7 @@ from helpers import evaluated
 from test_translation_data import sentence_pairs, write_split
 
 from attnlab.config import ConfigError
-from attnlab.train import train
+from attnlab.runner.train import train
 from attnlab.translate import batches, translate
 
 

@@ -10,7 +10,7 @@ import pytest
 import sacrebleu
 from helpers import ROOT, SHARED_DATA
 
-from attnlab.train import train
+from attnlab.runner.train import train
 
 MULTI30K = SHARED_DATA / "multi30k"
 needs_multi30k = pytest.mark.skipif(

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from helpers import ROOT, SHARED_DATA
 
-from attnlab.callbacks import ValidateAtEnd
+from attnlab.runner.callbacks import ValidateAtEnd
 
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
 PROBE = ["model=tiny", "trainer.max_epochs=1", "task.data.train_size=64", "task.data.batch_size=4"]

@@ -15,7 +15,7 @@ override grammar (quote a value holding characters the grammar reserves:
 interpolation. In the prompt, `\\n` and `\\t` stand for a line break and a tab. Defaults:
 the run's `sample_prompt`, 200 new tokens or as many as a bounded positional encoding leaves
 room for, one sample, the cache on, nucleus sampling with the run's decode settings. The
-checkpoint is read as tensors and plain data only (attnlab.resume.read_checkpoint); the
+checkpoint is read as tensors and plain data only (attnlab.runner.resume.read_checkpoint); the
 model is rebuilt from its hyperparameters, its weights and its tokenizer.
 """
 
@@ -33,7 +33,7 @@ from torch import Tensor
 from attnlab.config import ConfigError, is_count
 from attnlab.decoding import DecodeConfig, Sampler
 from attnlab.model.transformer import DecoderLM
-from attnlab.resume import EVALUATION_OPTIONS, evaluation_options, with_settings
+from attnlab.runner.resume import EVALUATION_OPTIONS, evaluation_options, with_settings
 
 if TYPE_CHECKING:
     from attnlab.data.stream import StreamTokenizer
@@ -257,7 +257,7 @@ def nested(node: Any, *keys: str) -> dict[str, Any]:
 
 def with_pe_settings(path: str, architecture: Any, settings: dict[str, Any]) -> Any:
     """The stored `architecture` with the flattened pe `settings` set, or a ConfigError where
-    its pe has no such evaluation option (attnlab.resume.EVALUATION_OPTIONS)."""
+    its pe has no such evaluation option (attnlab.runner.resume.EVALUATION_OPTIONS)."""
     changeable = evaluation_options(architecture if isinstance(architecture, dict) else {})
     if refused := [key for key in settings if key not in changeable]:
         pe = nested(architecture, "pe").get("name")

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab import status
-from attnlab.checkpoints import AtomicCheckpointIO
-from attnlab.resume import LAST
+from attnlab.runner.checkpoints import AtomicCheckpointIO
+from attnlab.runner.resume import LAST
 from attnlab.stored import read_checkpoint
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "attnlab_resume")

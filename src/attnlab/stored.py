@@ -14,7 +14,7 @@ directory as JSON, safetensors and SentencePiece bytes, so loading either runs n
 Tensors that share memory (tied embeddings) are stored once and named again in the
 safetensors header's `aliases`. `eval.py`, `attnlab translate`, `chat` and `generate` take
 either as `ckpt_path`; what either names about the run passes the same allow-list
-(attnlab.resume), so neither decides where output goes.
+(attnlab.runner.resume), so neither decides where output goes.
 """
 
 from __future__ import annotations

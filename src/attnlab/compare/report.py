@@ -55,7 +55,7 @@ from attnlab.config import ConfigError
 from attnlab.plots import curves_figure, heatmap_figure, save
 
 Row = dict[str, object]
-THROUGHPUT = "train/tokens_per_s"  # attnlab.callbacks.TokenThroughput
+THROUGHPUT = "train/tokens_per_s"  # attnlab.runner.callbacks.TokenThroughput
 
 
 @dataclass

@@ -5,7 +5,7 @@ DistributedSampler: a seed + epoch permutation; Lightning calls `set_epoch` and 
 the DDP sampler). A `ResumableLoader` never draws from the global random generator, which
 dropout uses (its base seed comes from a generator of its own), and `resume_after(n)` makes
 its next pass start after batch n, skipping sampler items rather than loading batches
-(see attnlab.checkpoints.ExactResume).
+(see attnlab.runner.checkpoints.ExactResume).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Lightning's CSVLogger deletes the metrics file of the directory it writes to; a resumed run
 writes to the directory of the run it continues, so this one keeps the file and appends.
 Rows that the interrupted run logged after its latest checkpoint are work the resumed run
-does again: `drop_after` removes them before it does (attnlab.checkpoints.ExactResume).
+does again: `drop_after` removes them before it does (attnlab.runner.checkpoints.ExactResume).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Evaluate a checkpoint: `python eval.py ckpt_path=... [split=val] [other overrides]`.
 
 The run is rebuilt from the overrides stored in the checkpoint (those an allow-list passes,
-see `attnlab.resume`), placed before the ones given here on the command line: the data and
+see `attnlab.runner.resume`), placed before the ones given here on the command line: the data and
 evaluation settings may change (a longer eval length, another data directory, decode.beam);
 the model may not (an override of pe, norm, synthesizer, model.* or the task is an error),
 except in how a RoPE reads positions past its training context (pe.scaling and the options
-it reads: `attnlab.resume.EVALUATION_OPTIONS`, set in the model the checkpoint holds).
+it reads: `attnlab.runner.resume.EVALUATION_OPTIONS`, set in the model the checkpoint holds).
 What the model depends on beyond its weights (a translation model's vocabulary) comes from
 the checkpoint too, never from the data it is evaluated on. Checkpoints are read as tensors
 and plain data only, and a directory `attnlab export` wrote is read as JSON, safetensors
@@ -21,10 +21,10 @@ import hydra
 from omegaconf import DictConfig
 
 from attnlab.config import ConfigError, check_writable, own_class, register_resolvers, to_dict
-from attnlab.job import run_composed
 from attnlab.options import CONFIG_DIR
-from attnlab.preflight import check_setting_keys
-from attnlab.resume import (
+from attnlab.runner.job import run_composed
+from attnlab.runner.preflight import check_setting_keys
+from attnlab.runner.resume import (
     argument,
     check_same_model,
     evaluation_arguments,
@@ -38,7 +38,7 @@ STAGES = {"test": "test", "val": "validate"}  # split=... -> Lightning's stage
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test (or validate) the checkpoint `cfg.ckpt_path` on the configured data."""
-    from attnlab import run
+    from attnlab.runner import run
 
     if cfg.split not in STAGES:
         raise ConfigError(f"split={cfg.split!r} is not one of: {', '.join(STAGES)}")
@@ -76,7 +76,7 @@ def evaluate_main(cfg: DictConfig) -> dict[str, float]:
 
 
 def main() -> None:
-    """The checkpoint's overrides ahead of the command line's, composed (`attnlab.job`);
+    """The checkpoint's overrides ahead of the command line's, composed (`attnlab.runner.job`);
     flags (--help, --cfg, ...) go to Hydra's app with the command line as given."""
     register_resolvers()
     args = sys.argv[1:]

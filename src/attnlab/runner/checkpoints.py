@@ -38,7 +38,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from attnlab.config import ConfigError, Diverged, MachineError, refused_by_machine
 from attnlab.data.loader import ResumableLoader
 from attnlab.logger.csv import CSVLogger
-from attnlab.resume import LAST
+from attnlab.runner.resume import LAST
 
 log = logging.getLogger(__name__)
 

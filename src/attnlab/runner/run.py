@@ -21,7 +21,6 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.callbacks import ScoredExamples, ValidateAtEnd
 from attnlab.config import (
     ARCHITECTURE,
     DESCRIPTIVE,
@@ -36,6 +35,7 @@ from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig
 from attnlab.logger.wandb import WandbLogger
 from attnlab.optim import check_optim
+from attnlab.runner.callbacks import ScoredExamples, ValidateAtEnd
 from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def quiet_library_noise() -> None:
     if not any(isinstance(f, LightningChatter) for f in rank_zero.filters):
         rank_zero.addFilter(LightningChatter())
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-    # attnlab.checkpoints.ExactResume puts the loader back where it was, after this warning
+    # attnlab.runner.checkpoints.ExactResume puts the loader back where it was, after this warning
     warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
 
 

@@ -46,9 +46,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     import lightning as L
     from lightning.pytorch.utilities import rank_zero_only
 
-    from attnlab import run, status
-    from attnlab.checkpoints import RunRecord
-    from attnlab.resume import (
+    from attnlab import status
+    from attnlab.runner import run
+    from attnlab.runner.checkpoints import RunRecord
+    from attnlab.runner.resume import (
         RECORD_KEY,
         absolute_locations,
         check_same_model,
@@ -97,7 +98,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def fit_and_test(
     cfg: DictConfig, trainer: L.Trainer, system: System, datamodule: L.LightningDataModule
 ) -> dict[str, float]:
-    from attnlab import run
+    from attnlab.runner import run
 
     metrics: dict[str, float] = {}
     checkpoint = trainer.checkpoint_callback
@@ -132,7 +133,7 @@ def averaged_over_ranks(trainer: L.Trainer, metrics: dict[str, float]) -> dict[s
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def train_main(cfg: DictConfig) -> float | None:
-    from attnlab.run import in_sweep
+    from attnlab.runner.run import in_sweep
 
     register_resolvers()  # again: a launcher's worker process (joblib, submitit) starts here
 
@@ -160,8 +161,8 @@ def train_main(cfg: DictConfig) -> float | None:
 def resumable(cfg: DictConfig) -> str | None:
     """The command that resumes this run, if it has a checkpoint to resume from. A resume
     takes no `paths.*` from the checkpoint, so a cache directory of the run's own is named."""
-    from attnlab.checkpoints import resume_command
-    from attnlab.resume import LAST
+    from attnlab.runner.checkpoints import resume_command
+    from attnlab.runner.resume import LAST
 
     run_dir = Path(cfg.paths.output_dir).resolve()
     if not (run_dir / "checkpoints" / LAST).is_file():
@@ -189,7 +190,7 @@ def first_process() -> bool:
 def check_directories(args: list[str]) -> None:
     """Refuse, before Hydra writes its config and log there, a directory that this command
     must not write into: a refused command changes nothing."""
-    from attnlab.resume import argument
+    from attnlab.runner.resume import argument
 
     args = [arg.lstrip("+") for arg in args]
     if "-m" in args or "--multirun" in args:
@@ -206,7 +207,7 @@ def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
     """Refuse a directory that another process writes, that holds a run which this one
     does not continue (from `checkpoint`), or that cannot be written."""
     from attnlab import lock, status
-    from attnlab.resume import run_directory
+    from attnlab.runner.resume import run_directory
 
     lock.check_free(run_dir)
     continues = checkpoint not in (None, "null") and (
@@ -243,7 +244,7 @@ def check_launcher(args: list[str]) -> None:
     """Refuse the SLURM launcher where there is no SLURM (submitit looks for srun)."""
     import shutil
 
-    from attnlab.resume import argument
+    from attnlab.runner.resume import argument
 
     if argument(args, "hydra/launcher") == "slurm" and shutil.which("srun") is None:
         raise ConfigError(
@@ -255,10 +256,10 @@ def check_launcher(args: list[str]) -> None:
 
 def main() -> None:
     """A resumed run (`ckpt_path=...`, `run_dir=...`) is rebuilt from what it stored, ahead of
-    the command line (`attnlab.job`); any other run is Hydra's app on the command line."""
-    from attnlab.job import run_composed
-    from attnlab.preflight import check_setting_keys
-    from attnlab.resume import training_arguments
+    the command line (`attnlab.runner.job`); any other run is Hydra's app on the command line."""
+    from attnlab.runner.job import run_composed
+    from attnlab.runner.preflight import check_setting_keys
+    from attnlab.runner.resume import training_arguments
 
     register_resolvers()
     args = sys.argv[1:]

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import ROOT, documented, report
 
-from attnlab.prune import prune
+from attnlab.commands.prune import prune
 
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0", "~logger"]
 SMOKE = ["model=tiny", "trainer.max_epochs=1", "task.data.train_size=128"]

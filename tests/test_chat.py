@@ -10,7 +10,7 @@ import pytest
 from helpers import compose_config, evaluated
 from test_dialogue import conversation, dialogue_line, write_dialogues
 
-from attnlab.chat import chat
+from attnlab.commands.chat import chat
 from attnlab.config import ConfigError
 from attnlab.runner.train import train
 from attnlab.tasks.dialogue import END_OF_TURN
@@ -72,7 +72,7 @@ def test_a_translation_or_probe_checkpoint_is_refused_in_one_sentence(tmp_path):
 
 
 def test_an_exported_model_replies_as_its_checkpoint(trained, tmp_path, monkeypatch, capsys):
-    from attnlab.cli import main
+    from attnlab.commands.cli import main
 
     best, _ = trained
     exported = tmp_path / "export"

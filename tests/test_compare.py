@@ -199,7 +199,7 @@ def test_a_directory_without_runs_is_one_sentence(tmp_path):
     with pytest.raises(ConfigError, match="holds no runs"):
         compare(tmp_path)
     result = subprocess.run(
-        [sys.executable, "-m", "attnlab.cli", "compare", str(tmp_path / "missing")],
+        [sys.executable, "-m", "attnlab.commands.cli", "compare", str(tmp_path / "missing")],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1
@@ -244,7 +244,7 @@ def test_a_sweep_with_a_failing_job_compares_every_job_and_exits_non_zero(tmp_pa
     assert exit_codes == [0, 1], "the diverged job's W&B run is finished as failed"
     assert (sweep / "acc_by_position.png").is_file() and (sweep / "curves_val_acc.png").is_file()
     cli = subprocess.run(
-        [sys.executable, "-m", "attnlab.cli", "compare", str(sweep)],
+        [sys.executable, "-m", "attnlab.commands.cli", "compare", str(sweep)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert cli.returncode == 0 and "| 0 | 0.001 | completed |" in cli.stdout

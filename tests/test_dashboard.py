@@ -78,7 +78,7 @@ def test_without_network_the_dashboard_stops_within_seconds_with_one_sentence(tm
     env.update(HOME=str(tmp_path), WANDB_API_KEY="x" * 40, WANDB_BASE_URL="http://127.0.0.1:9")
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "attnlab.cli", "dashboard", "--group", "probe_table"],
+        [sys.executable, "-m", "attnlab.commands.cli", "dashboard", "--group", "probe_table"],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert time.monotonic() - start < 60

@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_lm_generation import generated, save_lm_checkpoint
 
-from attnlab.cli import main
+from attnlab.commands.cli import main
 from attnlab.config import ConfigError
 from attnlab.stored import CONFIG, WEIGHTS, export, read_checkpoint
 

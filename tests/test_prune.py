@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from attnlab import status
-from attnlab.cli import main as attnlab
+from attnlab.commands.cli import main as attnlab
+from attnlab.commands.prune import TRAINING_STATE, prune
 from attnlab.config import ConfigError
-from attnlab.prune import TRAINING_STATE, prune
 from attnlab.runner.resume import training_arguments
 from attnlab.runner.train import train
 from attnlab.stored import RECORD_KEY

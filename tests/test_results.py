@@ -75,7 +75,15 @@ def test_a_measurement_that_contradicts_the_prediction_is_flagged(tmp_path):
 def test_check_fails_with_one_sentence_when_a_table_is_out_of_date(tmp_path):
     results_md = fixture_copy(tmp_path)
     results_md.write_text(results_md.read_text().replace("| rope |", "| RoPE |", 1))
-    command = [sys.executable, "-m", "attnlab.cli", "results", "--check", "--file", str(results_md)]
+    command = [
+        sys.executable,
+        "-m",
+        "attnlab.commands.cli",
+        "results",
+        "--check",
+        "--file",
+        str(results_md),
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode != 0
     assert "out of date with its run records: run `attnlab results`" in done.stderr

@@ -11,9 +11,9 @@ import torch
 from helpers import evaluated
 from test_translation_data import sentence_pairs, write_split
 
+from attnlab.commands.translate import batches, translate
 from attnlab.config import ConfigError
 from attnlab.runner.train import train
-from attnlab.translate import batches, translate
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +87,10 @@ def test_batches_keep_each_batch_within_its_token_budget():
 
 
 def test_the_loaded_system_keeps_its_runs_data_settings_read_once(trained):
-    from attnlab.generation import load_system
+    from attnlab.commands.translate import stored_data
+    from attnlab.stored import load_system
     from attnlab.systems.seq2seq import Seq2SeqSystem
     from attnlab.tokenizer import VOCABULARY_KEY
-    from attnlab.translate import stored_data
 
     best, _, _ = trained
     system = load_system(best, Seq2SeqSystem, (lambda task: True, ""), VOCABULARY_KEY, "test")
@@ -98,7 +98,7 @@ def test_the_loaded_system_keeps_its_runs_data_settings_read_once(trained):
 
 
 def test_an_exported_model_translates_and_evaluates_as_its_checkpoint(trained, tmp_path):
-    from attnlab.cli import main
+    from attnlab.commands.cli import main
     from attnlab.stored import read_checkpoint
 
     best, data, root = trained

@@ -23,10 +23,11 @@ import inspect
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from attnlab.config import ConfigError
+from attnlab.config import ConfigError, own_class
 from attnlab.data.stream import TOKENIZER_KEY
 from attnlab.tokenizer import VOCABULARY_KEY
 
@@ -193,3 +194,48 @@ def rebuild(system_class: type[S], checkpoint: dict[str, Any], changes: dict[str
     system.load_state_dict(checkpoint["state_dict"])
     system.run_record = checkpoint[RECORD_KEY]
     return system
+
+
+def nested(node: Any, *keys: str) -> dict[str, Any]:
+    """node[keys[0]][keys[1]]..., or {} where the stored data holds no such dict."""
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}
+
+
+def load_system(
+    path: str,
+    kind: type[S],
+    task_check: tuple[Callable[[dict[str, Any]], bool], str],
+    stored_key: str,
+    program: str,
+    changes: Callable[[dict[str, Any]], dict[str, Any]] = lambda stored: {},
+) -> S:
+    """The system of class `kind` that a checkpoint of a task `task_check` accepts (a test of
+    the stored task node, and what it asks for in words) holds, in eval mode, on
+    the CPU: read as tensors and plain data (a checkpoint file or an exported directory),
+    rebuilt from its hyperparameters with `changes(hyperparameters)` set over them (no code
+    named by the file runs, no interpolation is resolved), its weights and the tokenizers it
+    stores under `stored_key`, and the run's record (overrides and config, as data) in
+    `run_record`."""
+    checkpoint = read_checkpoint(path)
+    task = nested(checkpoint, RECORD_KEY, "config", "task")
+    accepts, wanted = task_check
+    if not accepts(task) or stored_key not in checkpoint:
+        raise ConfigError(
+            f"{path} holds a model of task={task.get('name')}: {program} needs {wanted}"
+        )
+    system_class = own_class(nested(task, "system").get("_target_"))
+    hyperparameters = checkpoint.get("hyper_parameters")
+    if not (issubclass(system_class, kind) and isinstance(hyperparameters, dict)):
+        raise ConfigError(f"{path} holds no {kind.__name__} to rebuild")
+    try:
+        system = rebuild(system_class, checkpoint, changes(hyperparameters))
+    except ConfigError:
+        raise
+    except (TypeError, KeyError, RuntimeError, ValueError) as error:
+        raise ConfigError(
+            f"{path} cannot be rebuilt into its model ({type(error).__name__}): it was written "
+            "by another version of attnlab, or damaged"
+        ) from None
+    return system.eval()

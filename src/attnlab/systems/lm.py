@@ -218,7 +218,9 @@ class LMSystem(System):
         was_training = self.net.training
         self.net.eval()
         try:
-            texts = continuations(self, self.sample_prompt, tokens, self.samples, config)
+            texts = continuations(
+                self.net, self.tokenizer, self.sample_prompt, tokens, self.samples, config
+            )
         finally:
             self.net.train(was_training)
         path = Path(self.trainer.default_root_dir) / "samples" / f"step{self.global_step:06d}.txt"

@@ -3,7 +3,7 @@ translate the lines of a file (or of standard input) with a trained translation 
 reference is needed.
 
 The checkpoint is read as tensors and plain data and its system rebuilt from its
-hyperparameters, weights and tokenizers (attnlab.generation.load_system). Each line is read
+hyperparameters, weights and tokenizers (attnlab.stored.load_system). Each line is read
 as training reads data (attnlab.data.text: normalized, a UTF-8 error names the line), cut to
 the run's `task.data.max_eval_len` tokens as evaluation cuts it (said on stderr), and
 translated with the run's decode settings unless `decode.*` says otherwise (strategy, beam,
@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from attnlab.commands.settings import parse_setting
 from attnlab.config import ConfigError, is_count
 from attnlab.data.text import read_lines, text_line
 from attnlab.decoding import DecodeConfig, generate
-from attnlab.generation import load_system, nested, parse_setting
+from attnlab.stored import load_system, nested
 from attnlab.tokenizer import VOCABULARY_KEY
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """`attnlab compare DIR`, `attnlab dashboard --project P --group G`, `attnlab archive SWEEP DEST`,
 `attnlab results`, `attnlab prune DIR`, `attnlab translate ckpt_path=... input=...`, `attnlab
 chat ckpt_path=...`, `attnlab generate ckpt_path=... prompt=...` and `attnlab export
-ckpt_path=... out=DIR` (see README and the modules attnlab.prune, translate, chat,
+ckpt_path=... out=DIR` (see README and the modules attnlab.commands.prune, translate, chat,
 generation and stored)."""
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def print_exported(args: list[str]) -> None:
-    from attnlab.generation import parse_setting
+    from attnlab.commands.settings import parse_setting
     from attnlab.stored import export
 
     names = ("ckpt_path", "out")
@@ -129,7 +129,7 @@ def print_exported(args: list[str]) -> None:
 
 
 def print_generated(settings: list[str]) -> None:
-    from attnlab.generation import generate
+    from attnlab.commands.generate import generate
 
     texts = generate(settings)
     print(SAMPLE_RULE.join(texts))
@@ -159,13 +159,13 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "prune":
             print_pruned(args.directory)
         elif args.command == "chat":
-            from attnlab.chat import chat
+            from attnlab.commands.chat import chat
 
             chat(args.settings)
         elif args.command == "export":
             print_exported(args.settings)
         elif args.command == "translate":
-            from attnlab.translate import translate
+            from attnlab.commands.translate import translate
 
             translate(args.settings)
         else:
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_pruned(directory: Path) -> None:
-    from attnlab.prune import prune
+    from attnlab.commands.prune import prune
 
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory: pass a run or sweep directory")

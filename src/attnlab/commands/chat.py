@@ -9,7 +9,7 @@ reply to each conversation's last turn is written, one a line, in order.
 The model sees what it saw in training (attnlab.tasks.dialogue): turns normalized, the last
 `task.data.context_turns` turns of the conversation, each after its speaker's marker, cut
 from the left to the run's `task.data.max_eval_len` tokens. The run's decode settings apply
-unless `decode.*` changes them (attnlab.translate lists them); sampling draws from one
+unless `decode.*` changes them (attnlab.commands.translate lists them); sampling draws from one
 generator seeded by `decode.seed`, so a seed gives the same replies again.
 """
 
@@ -22,12 +22,18 @@ from typing import Any
 
 import torch
 
+from attnlab.commands.translate import (
+    DEFAULT_MAX_TOKENS,
+    decoded,
+    requested,
+    stored_data,
+    write_output,
+)
 from attnlab.config import ConfigError
 from attnlab.data.text import read_lines
-from attnlab.generation import load_system, nested
+from attnlab.stored import load_system, nested
 from attnlab.tasks.dialogue import END_OF_TURN, examples, normalize
 from attnlab.tokenizer import VOCABULARY_KEY
-from attnlab.translate import DEFAULT_MAX_TOKENS, decoded, requested, stored_data, write_output
 
 DIALOGUE_DATA = "attnlab.tasks.dialogue.DialogueDataModule"
 

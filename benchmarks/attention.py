@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from benchmarks_common import documented, machine, report
 
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import Tagger
 from attnlab.options import causal_only, options, shrink, variant

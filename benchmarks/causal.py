@@ -48,7 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import documented, machine, report
 
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import DecoderLM
 from attnlab.options import variant

@@ -30,9 +30,9 @@ from hydra.core.global_hydra import GlobalHydra
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import ROOT, documented, machine, report
 
-from attnlab.config import register_resolvers
-from attnlab.options import CONFIG_DIR
+from attnlab.options import CONF_DIR
 from attnlab.runner import run
+from attnlab.settings import register_resolvers
 
 SETTINGS = [
     "task=chitchat", "model=tiny", "~logger", "extras.print_config=false",
@@ -45,7 +45,7 @@ def test_phase(overrides: list[str], output: Path) -> tuple[int, float]:
     """(pairs scored, seconds) of the test phase of a random model=tiny chitchat system."""
     register_resolvers()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", [*SETTINGS, *overrides, f"hydra.run.dir={output}"])
     cfg.paths.output_dir = str(output)
     torch.manual_seed(0)

@@ -32,11 +32,11 @@ from hydra.core.global_hydra import GlobalHydra
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import documented, report
 
-from attnlab.config import ARCHITECTURE, to_dict
 from attnlab.generation import continue_text
-from attnlab.model.config import Architecture, ModelConfig
+from attnlab.model.architecture import Architecture, ModelConfig
 from attnlab.model.transformer import DecoderLM
-from attnlab.options import CONFIG_DIR
+from attnlab.options import CONF_DIR
+from attnlab.settings import ARCHITECTURE, to_dict
 
 # the experiment's pe.max_len belongs to pe=learned; sinusoidal positions have no bound
 EXPERIMENT = ["experiment=lm_shakespeare_char", "pe=sinusoidal", "~pe.max_len"]
@@ -48,7 +48,7 @@ def network(overrides: list[str]) -> tuple[DecoderLM, ModelConfig]:
     """The experiment's network (its YAMLs composed with `overrides`), random, in eval mode,
     and its model settings."""
     GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
     GlobalHydra.instance().clear()
     architecture = Architecture.from_config({group: to_dict(cfg[group]) for group in ARCHITECTURE})

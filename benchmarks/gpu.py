@@ -49,7 +49,7 @@ from translation import BASELINE, TorchTransformer
 
 from attnlab.attention.core import AttentionParts, Compute, attend, flex_path
 from attnlab.decoding import beam_search, greedy
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger, attention_mask
 from attnlab.options import shrink, variant

@@ -56,10 +56,10 @@ from benchmarks_common import ROOT, documented, machine, report
 
 from attnlab.compare.runs import read_logged
 from attnlab.compare.seeds import interval
-from attnlab.config import register_resolvers
 from attnlab.optim import configure_adamw
-from attnlab.options import CONFIG_DIR
+from attnlab.options import CONF_DIR
 from attnlab.runner import run
+from attnlab.settings import register_resolvers
 from attnlab.systems.lm import LMSystem
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -163,7 +163,7 @@ def compose_config(overrides: list[str], directory: Path) -> DictConfig:
     """train.py's config for the experiment with `overrides`, writing under `directory`."""
     register_resolvers()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         paths = [f"paths.root_dir={ROOT}", f"paths.output_dir={directory}"]
         cfg = compose("train", overrides=[EXPERIMENT, *paths, *overrides])
     GlobalHydra.instance().clear()

@@ -41,7 +41,7 @@ from benchmarks_common import ROOT, benchmarks_file, documented, machine, report
 
 from attnlab.data.batching import collate
 from attnlab.decoding import greedy
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, TokenEmbedding
 from attnlab.pe.sinusoidal import sinusoids

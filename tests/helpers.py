@@ -18,8 +18,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from attnlab.attention.core import AttentionParts
-from attnlab.config import ConfigError, own_class
-from attnlab.options import CONFIG_DIR, causal_only, options, shrink, variant
+from attnlab.options import CONF_DIR, causal_only, options, shrink, variant
+from attnlab.settings import ConfigError, own_class
 from attnlab.shape import StackShape
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def compose_config(
 ) -> DictConfig:
     """The config train.py would see for these overrides, writing under output_dir."""
     GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
     with open_dict(cfg):
         cfg.hydra.runtime.output_dir = str(output_dir)

@@ -9,7 +9,7 @@ import torch
 from helpers import SHAPE, every_combination, make_parts, refused_unless, small_variant
 
 from attnlab.attention.core import Compute, attend, attention_weights
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.gau import GAU
 from attnlab.model.maps import attention_maps
 from attnlab.model.standard import Standard

@@ -16,7 +16,6 @@ import pytest
 import torch
 from helpers import ROOT, train_py
 
-from attnlab.config import ConfigError, to_dict
 from attnlab.runner.checkpoints import AtomicCheckpointIO
 from attnlab.runner.resume import (
     RECORD_KEY,
@@ -25,6 +24,7 @@ from attnlab.runner.resume import (
     read_checkpoint,
     stored_overrides,
 )
+from attnlab.settings import ConfigError, to_dict
 
 SHM = Path("/dev/shm")
 

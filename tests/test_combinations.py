@@ -18,12 +18,12 @@ from helpers import every_combination, pairwise_cover, refused_unless, small_var
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.config import ConfigError
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.gau import GAU
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger
 from attnlab.options import causal_only, options
+from attnlab.settings import ConfigError
 
 COMBINATIONS = every_combination(options("pe"), options("norm"), options("synthesizer"))
 # decoding twice (with and without the cache) costs more: `make test` meets every value once

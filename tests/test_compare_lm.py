@@ -23,7 +23,7 @@ from attnlab.compare.report import compare
 from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, interval, summary
-from attnlab.config import ConfigError
+from attnlab.settings import ConfigError
 
 LENGTHS = (32, 64, 128)
 NAN = math.nan

@@ -9,8 +9,8 @@ import pytest
 from helpers import ROOT, compose_config
 from hydra.core.hydra_config import HydraConfig
 
-from attnlab.config import ConfigError, build, to_dict
 from attnlab.options import COMPOSED_ALONE, options, variant
+from attnlab.settings import ConfigError, build, to_dict
 
 GROUPS = [
     "task", "pe", "norm", "synthesizer", "block", "model", "trainer", "logger", "callbacks",
@@ -85,7 +85,7 @@ def test_a_variant_option_of_the_wrong_type_is_one_sentence(option, value, messa
 
 
 def test_an_integer_is_a_number_for_an_option_that_takes_one():
-    from attnlab.config import fits
+    from attnlab.settings import fits
 
     assert fits(["float"], 10000) and fits(["float", "None"], None)
     assert not fits(["int"], True) and not fits(["float"], False) and not fits(["int"], 2.0)
@@ -112,9 +112,9 @@ def test_the_probe_table_sweeps_existing_options(tmp_path):
 @pytest.mark.slow
 def test_importing_the_package_registers_no_resolver():
     program = (
-        "import attnlab.config, attnlab.options, attnlab.runner.run; from omegaconf import OmegaConf; "
+        "import attnlab.settings, attnlab.options, attnlab.runner.run; from omegaconf import OmegaConf; "
         "assert not OmegaConf.has_resolver('unique'), 'registered on import'; "
-        "attnlab.config.register_resolvers(); assert OmegaConf.has_resolver('unique')"
+        "attnlab.settings.register_resolvers(); assert OmegaConf.has_resolver('unique')"
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-1000:]
@@ -128,8 +128,8 @@ def test_the_block_is_a_group_and_model_gau_a_preset_of_it(make_config, preset, 
 
 
 def test_scoring_more_probe_positions_than_the_model_predicts_is_one_sentence():
-    from attnlab.config import ARCHITECTURE
     from attnlab.options import variant
+    from attnlab.settings import ARCHITECTURE
     from attnlab.systems.tagger import TaggerSystem
     from attnlab.tasks.probe import ProbeDataModule
 
@@ -161,7 +161,7 @@ def test_the_model_settings_python_falls_back_on_are_the_yamls():
     conf/model/small.yaml, cross-attention's parts included: no second set of defaults."""
     from dataclasses import MISSING, fields
 
-    from attnlab.model.config import ModelConfig
+    from attnlab.model.architecture import ModelConfig
     from attnlab.options import variant
 
     yaml = variant("model", "small")

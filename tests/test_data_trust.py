@@ -15,10 +15,10 @@ import pytest
 from test_translation_data import local, sentence_pairs, write_split
 
 from attnlab import tokenizer as tokenizer_module
-from attnlab.config import ConfigError
 from attnlab.data.cache import SplitData
 from attnlab.data.text import read_lines
 from attnlab.scores import translation_scores
+from attnlab.settings import ConfigError
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from attnlab.decoding import (
     max_target_lengths,
     sampling_filter,
 )
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder
 

@@ -11,9 +11,9 @@ import datasets
 import pytest
 from helpers import SHARED_DATA
 
-from attnlab.config import ConfigError
 from attnlab.runner.train import train
 from attnlab.scores import dialogue_scores, distinct, signatures
+from attnlab.settings import ConfigError
 from attnlab.tasks import dialogue
 from attnlab.tasks.dialogue import (
     DialogueDataModule,

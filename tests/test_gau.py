@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.gau import GAU
 from attnlab.model.transformer import Stack
 from attnlab.options import variant

@@ -18,7 +18,6 @@ import pytest
 import torch
 from helpers import CAUSAL_PES, REPEATABLE, ROOT, SHARED_DATA, TEXT
 
-from attnlab.config import ARCHITECTURE, ConfigError, build
 from attnlab.data.stream import (
     EOS_ID,
     UNK_ID,
@@ -28,10 +27,11 @@ from attnlab.data.stream import (
     restore_tokenizer,
     windows,
 )
-from attnlab.model.config import Architecture
+from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.runner.run import build_system
 from attnlab.runner.train import train
+from attnlab.settings import ARCHITECTURE, ConfigError, build
 from attnlab.tasks.lm import LMDataModule
 
 

@@ -15,13 +15,13 @@ from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT, first_then_slow, repeat
 
 from attnlab.commands.cli import SAMPLE_RULE, main
 from attnlab.commands.generate import load_language_model, parse_request
-from attnlab.config import ARCHITECTURE, to_dict
 from attnlab.data.stream import SPECIALS, CharTokenizer
 from attnlab.decoding import DecodeConfig
 from attnlab.generation import Pick, continue_text, picker
-from attnlab.model.config import Architecture
+from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.options import variant
+from attnlab.settings import ARCHITECTURE, to_dict
 from attnlab.stored import RECORD_KEY
 from attnlab.systems.lm import LMSystem
 

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import Compute, attend
-from attnlab.config import ConfigError, build
 from attnlab.options import options, variant
+from attnlab.settings import ConfigError, build
 
 NORMS = options("norm")
 ROW_SHIFT_INVARIANT = {"softmax", "l2"}

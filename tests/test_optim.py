@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from attnlab.config import ConfigError
 from attnlab.optim import configure_adamw, lr_factor
+from attnlab.settings import ConfigError
 
 
 def test_warmup_rises_linearly_to_the_peak():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.transformer import EncoderDecoder, Tagger
 from attnlab.options import options, variant
 from attnlab.systems.base import parameter_counts

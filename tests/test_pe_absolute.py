@@ -13,10 +13,10 @@ from helpers import SHAPE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.config import ConfigError, build
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.transformer import Stack, Tagger
 from attnlab.options import variant
+from attnlab.settings import ConfigError, build
 
 D = SHAPE.d_model
 

@@ -13,13 +13,13 @@ import torch
 from helpers import SHAPE, make_parts, small_variant
 
 from attnlab.attention.core import Attention, AttentionParts, Compute, attend
-from attnlab.config import ConfigError
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.gau import GAU
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import DecoderLM, attention_mask
 from attnlab.options import variant
 from attnlab.pe.cope import interpolate
+from attnlab.settings import ConfigError
 
 CAUSAL = replace(SHAPE, causal=True)
 LENGTH = 7

@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import Attention, KVCache
-from attnlab.config import ConfigError, build
 from attnlab.model.transformer import attention_mask
 from attnlab.options import variant
 from attnlab.pe.rope import RoPE, inverse_frequencies, rotate, yarn_temperature
@@ -29,6 +28,7 @@ from attnlab.runner.resume import (
     evaluation_options,
 )
 from attnlab.runner.train import train
+from attnlab.settings import ConfigError, build
 
 D = SHAPE.head_dim
 LAYOUTS = ["interleaved", "half"]

@@ -16,8 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import Attention, KVCache
-from attnlab.config import ConfigError, build
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.gau import GAU
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import (
@@ -29,6 +28,7 @@ from attnlab.model.transformer import (
 )
 from attnlab.options import options, variant
 from attnlab.pe.xpos import XPos, decay, zeta
+from attnlab.settings import ConfigError, build
 from attnlab.tensors import split_heads
 
 CAUSAL = replace(SHAPE, causal=True)

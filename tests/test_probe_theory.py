@@ -13,9 +13,9 @@ import torch
 from helpers import every_combination, refused_unless
 from omegaconf import DictConfig
 
-from attnlab.config import ConfigError
 from attnlab.options import causal_only, options
 from attnlab.runner.run import build_datamodule, build_system
+from attnlab.settings import ConfigError
 from attnlab.studies.probe import chance_bound, predict
 from attnlab.tasks.probe import ZERO, probe_example
 

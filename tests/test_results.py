@@ -21,7 +21,7 @@ from attnlab.compare.report import compare
 from attnlab.compare.results import archive, budget, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import best_first, configurations, standing, summary
-from attnlab.config import ConfigError
+from attnlab.settings import ConfigError
 
 FIXTURE = Path(__file__).parent / "data" / "results"
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from attnlab import lock, status
-from attnlab.config import ConfigError
+from attnlab.settings import ConfigError
 
 
 def test_a_run_is_running_then_completed_with_its_progress(tmp_path):

@@ -11,10 +11,10 @@ import pytest
 import torch
 from helpers import evaluated
 
-from attnlab.config import ConfigError
 from attnlab.data.task import IGNORE
 from attnlab.runner import run
 from attnlab.runner.train import train
+from attnlab.settings import ConfigError
 from attnlab.systems.synthetic import answer_scores, bucket_metrics, decoded_answers
 from attnlab.tasks.synthetic import (
     Batches,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.config import ConfigError
+from attnlab.settings import ConfigError
 from attnlab.tasks.addition import PLUS, Addition
 from attnlab.tasks.copy import Copy
 from attnlab.tasks.mqar import FILLER as MQAR_FILLER

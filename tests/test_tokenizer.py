@@ -8,7 +8,7 @@ import threading
 import pytest
 from helpers import SHARED_DATA
 
-from attnlab.config import ConfigError
+from attnlab.settings import ConfigError
 from attnlab.tokenizer import (
     BOS_ID,
     EOS_ID,

@@ -16,11 +16,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from attnlab import status
-from attnlab.config import Diverged
 from attnlab.optim import lr_factor
 from attnlab.options import causal_only, options
 from attnlab.runner.run import print_config
 from attnlab.runner.train import train
+from attnlab.settings import Diverged
 
 TINY = ["model=tiny", "task.data.train_size=256", "task.data.max_len=8"]
 QUIET_OUTPUT = ["callbacks.progress_bar.refresh_rate=0", "extras.print_config=false"]
@@ -130,7 +130,7 @@ def test_a_diverging_run_stops_with_one_sentence_and_records_it(make_config, tmp
     ):
         train(make_config([*TINY, "trainer.max_epochs=1", "task.optim.lr=1e38"]))
     recorded = status.read(tmp_path)
-    assert recorded.state == "failed" and recorded.error.startswith("attnlab.config.Diverged")
+    assert recorded.state == "failed" and recorded.error.startswith("attnlab.settings.Diverged")
 
 
 def with_loggers(overrides: list[str], tmp_path: Path) -> DictConfig:
@@ -265,7 +265,7 @@ def test_training_metrics_are_averaged_over_ranks_and_the_others_kept():
 def test_a_bad_variant_setting_stops_the_run_before_any_data_is_read(
     overrides, sentence, make_config, tmp_path
 ):
-    from attnlab.config import ConfigError
+    from attnlab.settings import ConfigError
 
     missing = tmp_path / "no-such-data"
     cfg = make_config([*overrides, f"paths.data_dir={missing}", f"task.data.dir={missing}"])
@@ -275,7 +275,7 @@ def test_a_bad_variant_setting_stops_the_run_before_any_data_is_read(
 
 
 def test_a_synthetic_tasks_architecture_is_checked_before_its_data_is_drawn(make_config):
-    from attnlab.config import ConfigError
+    from attnlab.settings import ConfigError
 
     cfg = make_config(["task=copy", "task.arch=bogus", "task.data.train_size=1000000000"])
     with pytest.raises(ConfigError, match=r"task\.arch='bogus' is not one of"):

@@ -12,8 +12,8 @@ from helpers import evaluated
 from test_translation_data import sentence_pairs, write_split
 
 from attnlab.commands.translate import batches, translate
-from attnlab.config import ConfigError
 from attnlab.runner.train import train
+from attnlab.settings import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ from helpers import SHARED_DATA
 from torch.utils.data import DistributedSampler
 
 from attnlab import tokenizer as tokenizer_module
-from attnlab.config import ConfigError, build
 from attnlab.data import seq2seq
 from attnlab.data.batching import (
     TokenBatchSampler,
@@ -32,10 +31,11 @@ from attnlab.data.batching import (
     token_batches,
 )
 from attnlab.data.cache import Example
-from attnlab.model.config import AttentionConfig, ModelConfig
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder
 from attnlab.options import variant
+from attnlab.settings import ConfigError, build
 from attnlab.tasks import translation
 from attnlab.tasks.translation import TranslationDataModule
 from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID

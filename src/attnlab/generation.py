@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.config import ConfigError
 from attnlab.decoding import DecodeConfig, Sampler
 from attnlab.model.transformer import DecoderLM
+from attnlab.settings import ConfigError
 
 if TYPE_CHECKING:
     from attnlab.data.stream import StreamTokenizer

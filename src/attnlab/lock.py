@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from attnlab.config import ConfigError
+from attnlab.settings import ConfigError
 
 log = logging.getLogger(__name__)
 

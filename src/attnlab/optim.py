@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.config import ConfigError, is_number, require_counts
+from attnlab.settings import ConfigError, is_number, require_counts
 
 SCHEDULES = ("constant", "linear", "cosine", "inverse_sqrt")
 

@@ -16,14 +16,14 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from attnlab.config import GROUPS, VARIANTS, own_class, to_dict
+from attnlab.settings import GROUPS, VARIANTS, own_class, to_dict
 
-CONFIG_DIR = Path(__file__).resolve().parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def options(group: str) -> list[str]:
     """Every option of a config group, from its YAML files."""
-    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+    return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
 
 
 def variant(group: str, option: str, *overrides: str) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def _every_option_alone() -> dict[str, dict[str, Any]]:
 def _composed(config_name: str | None, overrides: list[str], key: str) -> dict[str, Any]:
     """Node `key` of a compose (resolved alone: the rest may refer to Hydra's runtime)."""
     GlobalHydra.instance().clear()  # compose outside any Hydra app this process ran
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name, overrides=overrides)
     GlobalHydra.instance().clear()
     return to_dict(cfg[key])
@@ -96,7 +96,7 @@ def first_comment(path: Path) -> str:
     raise ValueError(f"{path} has neither a description nor a leading comment to show")
 
 
-def option_rows(group: str, conf: Path = CONFIG_DIR) -> list[tuple[str, str, str]]:
+def option_rows(group: str, conf: Path = CONF_DIR) -> list[tuple[str, str, str]]:
     """(option, description, paper) for each YAML of a group; options without a
     `description` key describe themselves in their first comment line."""
     rows = []
@@ -108,7 +108,7 @@ def option_rows(group: str, conf: Path = CONFIG_DIR) -> list[tuple[str, str, str
     return rows
 
 
-def options_table(conf: Path = CONFIG_DIR) -> str:
+def options_table(conf: Path = CONF_DIR) -> str:
     lines = ["| option | what it is | source |", "|---|---|---|"]
     for group in GROUPS:
         lines += [f"| {o} | {d} | {p} |" for o, d, p in option_rows(group, conf)]

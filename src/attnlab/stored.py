@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from attnlab.config import ConfigError, own_class
 from attnlab.data.stream import TOKENIZER_KEY
+from attnlab.settings import ConfigError, own_class
 from attnlab.tokenizer import VOCABULARY_KEY
 
 RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config

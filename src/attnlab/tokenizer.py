@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 import sentencepiece as spm
 from filelock import FileLock, Timeout
 
-from attnlab.config import ConfigError
 from attnlab.data.record import record_problem, write_record
+from attnlab.settings import ConfigError
 
 log = logging.getLogger(__name__)
 

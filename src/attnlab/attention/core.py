@@ -42,9 +42,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab.attention.flex import BlockMasks, flex_attend
-from attnlab.config import build
 from attnlab.norm.base import Normalizer
 from attnlab.pe.base import PositionalEncoding
+from attnlab.settings import build
 from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesizer
 from attnlab.tensors import linear, merge_heads, split_heads

@@ -29,8 +29,8 @@ from attnlab.commands.translate import (
     stored_data,
     write_output,
 )
-from attnlab.config import ConfigError
 from attnlab.data.text import read_lines
+from attnlab.settings import ConfigError
 from attnlab.stored import load_system, nested
 from attnlab.tasks.dialogue import END_OF_TURN, examples, normalize
 from attnlab.tokenizer import VOCABULARY_KEY

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnlab.config import ConfigError
+from attnlab.settings import ConfigError
 
 SAMPLE_RULE = "\n" + "-" * 40 + "\n"  # between the texts of samples=N > 1
 
@@ -117,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def print_exported(args: list[str]) -> None:
-    from attnlab.commands.settings import parse_setting
+    from attnlab.commands.arguments import parse_setting
     from attnlab.stored import export
 
     names = ("ckpt_path", "out")

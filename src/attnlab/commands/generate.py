@@ -20,8 +20,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from attnlab.commands.settings import parse_setting
-from attnlab.config import ConfigError, is_count
+from attnlab.commands.arguments import parse_setting
 from attnlab.generation import (
     check_strategy,
     continuations,
@@ -29,6 +28,7 @@ from attnlab.generation import (
     encode_prompt,
 )  # fmt: skip
 from attnlab.runner.resume import EVALUATION_OPTIONS, evaluation_options, with_settings
+from attnlab.settings import ConfigError, is_count
 from attnlab.stored import load_system, nested
 
 if TYPE_CHECKING:

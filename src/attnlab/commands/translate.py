@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnlab.commands.settings import parse_setting
-from attnlab.config import ConfigError, is_count
+from attnlab.commands.arguments import parse_setting
 from attnlab.data.text import read_lines, text_line
 from attnlab.decoding import DecodeConfig, generate
+from attnlab.settings import ConfigError, is_count
 from attnlab.stored import load_system, nested
 from attnlab.tokenizer import VOCABULARY_KEY
 

@@ -51,8 +51,8 @@ from attnlab.compare.seeds import (
     standing,
     summary,
 )
-from attnlab.config import ConfigError
 from attnlab.plots import curves_figure, heatmap_figure, save
+from attnlab.settings import ConfigError
 
 Row = dict[str, object]
 THROUGHPUT = "train/tokens_per_s"  # attnlab.runner.callbacks.TokenThroughput

@@ -62,7 +62,7 @@ from attnlab.compare.report import (
 from attnlab.compare.runs import Run, find_runs
 from attnlab.compare.seeds import Configuration, configurations, summary
 from attnlab.compare.significance import HYPOTHESES, bootstrap_table
-from attnlab.config import ConfigError
+from attnlab.settings import ConfigError
 from attnlab.studies.probe import chance_bound, predict
 
 RECORD = (

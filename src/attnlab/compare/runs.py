@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import get_yaml_loader
 
 from attnlab import status
-from attnlab.config import ConfigError
+from attnlab.settings import ConfigError
 from attnlab.status import RunStatus
 
 BY_POSITION = re.compile(r"(?P<stage>\w+)/acc_pos/(?P<position>\d+)")

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from attnlab.config import ConfigError
 from attnlab.data.cache import Example, SplitData
 from attnlab.data.loader import ResumableSampler
+from attnlab.settings import ConfigError
 from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 

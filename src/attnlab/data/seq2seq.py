@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader
 
-from attnlab.config import ConfigError, require_counts
 from attnlab.data.batching import (
     PairDataset,
     TokenBatchSampler,
@@ -49,6 +48,7 @@ from attnlab.data.corpus import SPLITS, Corpus
 from attnlab.data.loader import ResumableLoader
 from attnlab.data.task import TaskData
 from attnlab.data.text import available_cores
+from attnlab.settings import ConfigError, require_counts
 from attnlab.tokenizer import (
     BOS_ID,
     EOS_ID,

@@ -38,9 +38,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from attnlab.config import ConfigError
 from attnlab.data.cache import ids_dtype
 from attnlab.data.loader import ResumableSampler
+from attnlab.settings import ConfigError
 from attnlab.tokenizer import EOS_ID, UNK_ID, Tokenizer, build_once, cache_key
 
 log = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
-from attnlab.config import ConfigError
 from attnlab.logger.naming import RunLabels
+from attnlab.settings import ConfigError
 
 log = logging.getLogger(__name__)
 

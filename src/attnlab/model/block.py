@@ -1,7 +1,7 @@
 """What every block of a stack shares: its inputs and cache, the residual wrapper, the scaled
 init of projections into the residual stream, and the cross-attention sublayer. A block
 takes (x, StackInputs, LayerCache) and returns x; its type is a `BlockType`
-(attnlab.model.config), named by `conf/block/<name>.yaml`.
+(attnlab.model.architecture), named by `conf/block/<name>.yaml`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from attnlab.attention.core import Attention, AttentionParts, KVCache
-from attnlab.model.config import ModelConfig
+from attnlab.model.architecture import ModelConfig
 
 
 @dataclass

@@ -29,16 +29,16 @@ from attnlab.attention.core import (
     attention_weights,
     rotate_and_cache,
 )
-from attnlab.config import require_counts
+from attnlab.model.architecture import ModelConfig
 from attnlab.model.block import CrossAttentionSublayer, LayerCache, StackInputs, out_std, residual
-from attnlab.model.config import ModelConfig
+from attnlab.settings import require_counts
 from attnlab.shape import StackShape
 from attnlab.tensors import linear
 
 
 @dataclass(frozen=True)
 class GAU:
-    """The block type (attnlab.model.config.BlockType) and its options."""
+    """The block type (attnlab.model.architecture.BlockType) and its options."""
 
     qk_dim: int = 128  # s
     expansion: int = 2  # e = expansion·d_model

@@ -12,15 +12,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention.core import Attention, AttentionParts
+from attnlab.model.architecture import ModelConfig
 from attnlab.model.block import CrossAttentionSublayer, LayerCache, StackInputs, out_std, residual
-from attnlab.model.config import ModelConfig
 from attnlab.shape import StackShape
 from attnlab.tensors import linear
 
 
 @dataclass(frozen=True)
 class Standard:
-    """The block type (attnlab.model.config.BlockType): d_model/n_heads-wide heads."""
+    """The block type (attnlab.model.architecture.BlockType): d_model/n_heads-wide heads."""
 
     def self_attention_shape(self, cfg: ModelConfig, n_layers: int, causal: bool) -> StackShape:
         return cfg.multi_head_shape(n_layers, causal, cross=False)

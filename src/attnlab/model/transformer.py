@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention.core import AttentionParts, KVCache
-from attnlab.config import ConfigError
+from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.block import LayerCache, StackInputs
-from attnlab.model.config import AttentionConfig, ModelConfig
 from attnlab.pe.base import PositionalEncoding
+from attnlab.settings import ConfigError
 from attnlab.tensors import linear
 
 

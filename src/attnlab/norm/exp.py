@@ -14,8 +14,8 @@ normalizer's, and float16 activations (`trainer.precision=16-mixed`) are refused
 import torch
 from torch import Tensor
 
-from attnlab.config import ConfigError
 from attnlab.norm.base import Normalizer, exp_normalize
+from attnlab.settings import ConfigError
 
 
 def in_float16(scores: Tensor) -> bool:

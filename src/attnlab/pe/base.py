@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import ConfigError
+from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 from attnlab.tensors import float64_home
 

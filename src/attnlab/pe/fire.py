@@ -39,8 +39,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import ConfigError
 from attnlab.pe.base import PositionalEncoding, relative_positions
+from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
 EPS = 1e-6  # added to the divisor ψ(max(L, i))

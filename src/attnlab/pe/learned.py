@@ -16,8 +16,8 @@ default). `init_std` sets σ explicitly instead.
 
 from torch import Tensor, nn
 
-from attnlab.config import ConfigError, is_number
 from attnlab.pe.base import PositionalEncoding
+from attnlab.settings import ConfigError, is_number
 from attnlab.shape import StackShape
 
 

@@ -64,9 +64,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.config import ConfigError, build, is_count
 from attnlab.pe.base import PositionalEncoding, ScoreMod
 from attnlab.pe.xl import TransformerXLPE
+from attnlab.settings import ConfigError, build, is_count
 from attnlab.shape import StackShape
 
 EVAL_POSITIONS = ("random", "plain")

@@ -26,8 +26,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import ConfigError
 from attnlab.pe.base import PositionalEncoding, ScoreMod, relative_positions
+from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
 

@@ -35,10 +35,10 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from attnlab.config import ConfigError, Diverged, MachineError, refused_by_machine
 from attnlab.data.loader import ResumableLoader
 from attnlab.logger.csv import CSVLogger
 from attnlab.runner.resume import LAST
+from attnlab.settings import ConfigError, Diverged, MachineError, refused_by_machine
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config import ConfigError, check_writable, own_class, register_resolvers, to_dict
-from attnlab.options import CONFIG_DIR
+from attnlab.options import CONF_DIR
 from attnlab.runner.job import run_composed
 from attnlab.runner.preflight import check_setting_keys
 from attnlab.runner.resume import (
@@ -31,6 +30,7 @@ from attnlab.runner.resume import (
     evaluation_options,
     with_settings,
 )
+from attnlab.settings import ConfigError, check_writable, own_class, register_resolvers, to_dict
 from attnlab.stored import RECORD_KEY, read_checkpoint, rebuild
 
 STAGES = {"test": "test", "val": "validate"}  # split=... -> Lightning's stage
@@ -67,7 +67,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
 def evaluate_main(cfg: DictConfig) -> dict[str, float]:
     try:
         return evaluate(cfg)

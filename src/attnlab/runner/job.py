@@ -21,7 +21,7 @@ from hydra.core.utils import configure_log
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from attnlab.options import CONFIG_DIR
+from attnlab.options import CONF_DIR
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ T = TypeVar("T")
 def compose_run(config_name: str, overrides: list[str]) -> DictConfig:
     """The config `config_name` with `overrides`, the `hydra` node included."""
     GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3", job_name=config_name):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3", job_name=config_name):
         return compose(config_name, overrides=overrides, return_hydra_config=True)
 
 

@@ -18,8 +18,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import GROUPS, ConfigError
-from attnlab.options import CONFIG_DIR
+from attnlab.options import CONF_DIR
+from attnlab.settings import GROUPS, ConfigError
 
 
 def check_added_groups(args: list[str]) -> None:
@@ -71,7 +71,7 @@ def check_setting_keys(args: list[str], config_name: str) -> list[str]:
     choices = [arg for arg, o in zip(args, overrides, strict=True) if "." not in o.key_or_group]
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name, overrides=choices)
     except Exception:
         return args  # a bad choice: Hydra lists the options

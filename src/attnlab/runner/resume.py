@@ -25,7 +25,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
-from attnlab.config import (
+from attnlab.settings import (
     ARCHITECTURE,
     DESCRIPTIVE,
     GROUPS,

@@ -21,7 +21,12 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config import (
+from attnlab.data.task import TaskData
+from attnlab.decoding import DecodeConfig
+from attnlab.logger.wandb import WandbLogger
+from attnlab.optim import check_optim
+from attnlab.runner.callbacks import ScoredExamples, ValidateAtEnd
+from attnlab.settings import (
     ARCHITECTURE,
     DESCRIPTIVE,
     OUTPUT,
@@ -31,11 +36,6 @@ from attnlab.config import (
     own_class,
     to_dict,
 )  # fmt: skip
-from attnlab.data.task import TaskData
-from attnlab.decoding import DecodeConfig
-from attnlab.logger.wandb import WandbLogger
-from attnlab.optim import check_optim
-from attnlab.runner.callbacks import ScoredExamples, ValidateAtEnd
 from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config import (
+from attnlab.options import CONF_DIR
+from attnlab.settings import (
     ConfigError,
     Diverged,
     MachineError,
@@ -28,7 +29,6 @@ from attnlab.config import (
     register_resolvers,
     to_dict,
 )
-from attnlab.options import CONFIG_DIR
 
 if TYPE_CHECKING:
     import lightning as L
@@ -131,7 +131,7 @@ def averaged_over_ranks(trainer: L.Trainer, metrics: dict[str, float]) -> dict[s
     return metrics | averaged
 
 
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def train_main(cfg: DictConfig) -> float | None:
     from attnlab.runner.run import in_sweep
 

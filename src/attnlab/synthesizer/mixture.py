@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.config import ConfigError, build
+from attnlab.settings import ConfigError, build
 from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesis, Synthesizer
 

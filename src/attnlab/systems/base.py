@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.data.task import TaskData
-from attnlab.model.config import Architecture
+from attnlab.model.architecture import Architecture
 from attnlab.norm.base import Normalizer
 from attnlab.optim import check_optim, configure_adamw
 from attnlab.pe.base import PositionalEncoding

@@ -30,15 +30,15 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
-from attnlab.config import ConfigError, require_counts
 from attnlab.data.stream import TOKENIZER_KEY, StreamTokenizer, restore_tokenizer
 from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig
 from attnlab.generation import continuations
-from attnlab.model.config import Architecture
+from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM
 from attnlab.plots import lm_length_figures, save
+from attnlab.settings import ConfigError, require_counts
 from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)

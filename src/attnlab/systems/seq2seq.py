@@ -25,13 +25,13 @@ from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from attnlab.config import ConfigError, require_counts
 from attnlab.data.task import TaskData
 from attnlab.decoding import DecodeConfig, generate
-from attnlab.model.config import Architecture
+from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import EncoderDecoder
 from attnlab.scores import SCORERS, signatures
+from attnlab.settings import ConfigError, require_counts
 from attnlab.systems.base import System
 from attnlab.tokenizer import VOCABULARY_KEY, Tokenizers
 

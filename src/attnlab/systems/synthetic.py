@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.config import ConfigError
 from attnlab.data.task import IGNORE, TaskData
 from attnlab.decoding import Decoder
 from attnlab.generation import continue_text
-from attnlab.model.config import Architecture
+from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM, EncoderDecoder
+from attnlab.settings import ConfigError
 from attnlab.systems.base import System
 from attnlab.tasks.synthetic import ARCHS, Specials
 

@@ -13,12 +13,12 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from attnlab.config import ConfigError
 from attnlab.data.task import IGNORE, TaskData
 from attnlab.metrics import AccuracyByPosition
-from attnlab.model.config import Architecture
+from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import Tagger
+from attnlab.settings import ConfigError
 from attnlab.systems.base import System
 
 

@@ -30,7 +30,6 @@ import numpy as np
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
-from attnlab.config import ConfigError, is_number, require_counts
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.digest import file_digest
 from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub
@@ -50,6 +49,7 @@ from attnlab.data.stream import (
 )
 from attnlab.data.task import TaskData
 from attnlab.data.text import available_cores, read_text
+from attnlab.settings import ConfigError, is_number, require_counts
 from attnlab.tokenizer import TokenizerSettings, build_once, cache_key, load_or_train
 
 log = logging.getLogger(__name__)

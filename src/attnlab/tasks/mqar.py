@@ -42,7 +42,7 @@ import heapq
 import math
 import random
 
-from attnlab.config import ConfigError, is_count, is_number, require_counts
+from attnlab.settings import ConfigError, is_count, is_number, require_counts
 from attnlab.tasks.synthetic import OPTIONS, Example, require_flags, require_length
 
 FILLER = 0

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 
-from attnlab.config import ConfigError, is_number, require_counts
+from attnlab.settings import ConfigError, is_number, require_counts
 from attnlab.tasks.synthetic import OPTIONS, Example, require_length
 
 KEY, QUERY, FILLER = 10, 11, 12

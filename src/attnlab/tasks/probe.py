@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from attnlab.config import ConfigError, require_counts
 from attnlab.data.loader import ResumableLoader, ResumableSampler
 from attnlab.data.task import IGNORE, TaskData
+from attnlab.settings import ConfigError, require_counts
 
 PAD, ZERO, CLS, SEP = 0, 1, 2, 3
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from attnlab.config import ConfigError, is_count
+from attnlab.settings import ConfigError, is_count
 from attnlab.tasks.synthetic import OPTIONS, Example, random_symbols, require_length
 
 

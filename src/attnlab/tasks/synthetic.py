@@ -27,10 +27,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from attnlab.config import ConfigError, build, is_count, require_counts
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.loader import ResumableLoader, ResumableSampler
 from attnlab.data.task import IGNORE, TaskData
+from attnlab.settings import ConfigError, build, is_count, require_counts
 
 OPTIONS = "task.data.generator"  # where a generator's options sit, for error messages
 ARCHS = ("decoder", "encoder_decoder")

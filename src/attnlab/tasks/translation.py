@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.config import ConfigError
 from attnlab.data.corpus import Corpus, Pair
 from attnlab.data.digest import file_digest
 from attnlab.data.hub import HUB_BATCH, HUB_SPLIT_NAMES, load_hub
 from attnlab.data.seq2seq import Batching, Seq2SeqDataModule
 from attnlab.data.text import count_lines, read_lines
+from attnlab.settings import ConfigError
 from attnlab.tokenizer import TokenizerSettings
 
 SOURCES = ("hub", "local")

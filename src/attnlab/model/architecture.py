@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from attnlab.attention.core import AttentionParts, Compute
-from attnlab.config import (
+from attnlab.settings import (
     ARCHITECTURE,
     METADATA,
     ConfigError,

@@ -190,7 +190,7 @@ def fit_lightning(
 ) -> tuple[float, float]:
     """Seconds of the steps and the last loss of a Trainer fitting `system` on `batches`."""
     timer = StepTimer()
-    trainer = run.instantiate_node(
+    trainer = run.trainer_from(
         cfg.trainer, max_steps=len(batches), max_epochs=-1, limit_val_batches=0,
         num_sanity_val_steps=0, enable_checkpointing=False, logger=False,
         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0,

@@ -192,13 +192,21 @@ def _locate(path: str) -> Any:
     raise ImportError(path)
 
 
-def own_class(target: Any) -> type:
-    """The class `target` names, if it is one of attnlab's; else a ConfigError."""
+OWN = ("attnlab.",)
+MACHINERY = ("attnlab.", "lightning.")  # a run's trainer, loggers and callbacks
+
+
+def own_class(target: Any, roots: tuple[str, ...] = OWN) -> type:
+    """The class `target` names, if it is one of attnlab's (or, with `roots`, of those
+    packages); else a ConfigError."""
     found = None
-    if isinstance(target, str) and target.startswith("attnlab."):
+    if isinstance(target, str) and target.startswith(roots):
         with contextlib.suppress(ImportError, AttributeError):
             found = _locate(target)
-    if not (inspect.isclass(found) and found.__module__.startswith("attnlab.")):
+    if not (inspect.isclass(found) and found.__module__.startswith(roots)):
+        if roots != OWN:
+            packages = " or ".join(root.rstrip(".") for root in roots)
+            raise ConfigError(f"_target_ {target!r} is not a class of {packages}")
         raise ConfigError(
             f"_target_ {target!r} is not a class of attnlab: variants, tasks and systems are "
             "built from attnlab's own classes (add a new one under src/attnlab/)"
@@ -240,8 +248,11 @@ def check_types(label: str, cls: type, params: Mapping[str, Any]) -> None:
             raise ConfigError(f"'{label}' option {name}={value!r} must be {wanted}")
 
 
-def build(node: Mapping[str, Any] | DictConfig, **context: Any) -> Any:
-    """Call `node._target_` with the node's other keys (minus metadata) and `context`.
+def build(
+    node: Mapping[str, Any] | DictConfig, roots: tuple[str, ...] = OWN, /, **context: Any
+) -> Any:
+    """Call `node._target_` (a class of one of the packages `roots`) with the node's other
+    keys (minus metadata), and `context` over them.
 
     Nested nodes are passed through as plain dicts: a variant that composes others
     (URPE's base, a synthesizer mixture) builds them itself with this function.
@@ -251,10 +262,11 @@ def build(node: Mapping[str, Any] | DictConfig, **context: Any) -> Any:
         raise ConfigError(f"config node {params} has no _target_ naming the class to build")
     target = params.pop("_target_")
     label = params.get("name", target)
-    for key in METADATA:
-        params.pop(key, None)
-    cls = own_class(target)
+    cls = own_class(target, roots)
     accepted = inspect.signature(cls).parameters
+    for key in METADATA:
+        if key not in accepted:  # a logger's name is its own setting
+            params.pop(key, None)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     unknown = sorted(set(params) - set(accepted)) if not takes_any else []
     if unknown:
@@ -263,4 +275,4 @@ def build(node: Mapping[str, Any] | DictConfig, **context: Any) -> Any:
             f"'{label}' has no option {', '.join(unknown)}; its options are: {', '.join(valid)}"
         )
     check_types(label, cls, params)
-    return cls(**params, **context)
+    return cls(**(params | context))

@@ -14,9 +14,7 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
 from hydra.types import RunMode
-from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -29,6 +27,7 @@ from attnlab.runner.callbacks import ScoredExamples, ValidateAtEnd
 from attnlab.settings import (
     ARCHITECTURE,
     DESCRIPTIVE,
+    MACHINERY,
     OUTPUT,
     REPORTING,
     ConfigError,
@@ -101,17 +100,6 @@ def build_system(cfg: DictConfig, datamodule: TaskData) -> System:
     return system
 
 
-def instantiate_node(node: DictConfig, **kwargs: Any) -> Any:
-    """Hydra's instantiate, letting our ConfigErrors through unwrapped (Hydra wraps every
-    error of a constructor in an InstantiationException, traceback and all)."""
-    try:
-        return instantiate(node, **kwargs)
-    except InstantiationException as error:
-        if isinstance(error.__cause__, ConfigError):
-            raise error.__cause__ from None
-        raise
-
-
 def check_accelerator(accelerator: str) -> None:
     """Refuse an accelerator this machine lacks (Lightning's "gpu" is CUDA or Apple's MPS)."""
     import torch
@@ -129,14 +117,34 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.
     """The trainer with the config's loggers and callbacks, `extra_callbacks`, and the two
     every run has: validation of the final weights, and the count of examples scored."""
     check_accelerator(str(cfg.trainer.get("accelerator", "auto")))
-    loggers = [instantiate_node(node) for node in (cfg.get("logger") or {}).values()]
-    callbacks = [instantiate_node(node) for node in (cfg.get("callbacks") or {}).values()]
+    loggers = [build(node, MACHINERY) for node in (cfg.get("logger") or {}).values()]
+    callbacks = [build(node, MACHINERY) for node in (cfg.get("callbacks") or {}).values()]
     if not loggers:  # (~logger) Lightning refuses a LearningRateMonitor with nothing to log to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     always = [ValidateAtEnd(), ScoredExamples()]
-    return instantiate_node(
+    return trainer_from(
         cfg.trainer, logger=loggers, callbacks=[*callbacks, *always, *extra_callbacks]
     )
+
+
+def trainer_from(node: DictConfig, **settings: Any) -> L.Trainer:
+    """Lightning's Trainer of the trainer node, its nested nodes (plugins, a profiler) built
+    first, and `settings` over it."""
+    params = to_dict(node)
+    nested = {key: built(value) for key, value in params.items() if is_node(value)}
+    rest = {key: value for key, value in params.items() if key not in nested}
+    return build(rest, MACHINERY, **(nested | settings))
+
+
+def is_node(value: Any) -> bool:
+    """A node naming a class to build, or a list of them."""
+    if isinstance(value, list):
+        return bool(value) and all(is_node(item) for item in value)
+    return isinstance(value, dict) and "_target_" in value
+
+
+def built(value: Any) -> Any:
+    return [built(item) for item in value] if isinstance(value, list) else build(value, MACHINERY)
 
 
 NOT_LOGGED = (*OUTPUT, *REPORTING)  # where outputs go, not what ran

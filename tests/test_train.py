@@ -260,6 +260,7 @@ def test_training_metrics_are_averaged_over_ranks_and_the_others_kept():
             "cross_pe=true does nothing",
         ),
         (["task=lm", "task.data.source=local", "pe=rope", "pe.scaling=bogus"], "pe.scaling"),
+        (["task=translation", "++task.system.bogus=1"], "Seq2SeqSystem' has no option bogus"),
     ],
 )
 def test_a_bad_variant_setting_stops_the_run_before_any_data_is_read(

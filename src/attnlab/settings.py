@@ -17,7 +17,7 @@ import inspect
 import itertools
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -267,12 +267,21 @@ def build(
     for key in METADATA:
         if key not in accepted:  # a logger's name is its own setting
             params.pop(key, None)
+    check_options(label, cls, params, context)
+    return cls(**(params | context))
+
+
+def check_options(
+    label: str, cls: type, params: Mapping[str, Any], provided: Collection[str] = ()
+) -> None:
+    """ConfigError for an option `cls` does not take, or of the wrong scalar type; the
+    options listed are those the config may set (not the `provided` ones)."""
+    accepted = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     unknown = sorted(set(params) - set(accepted)) if not takes_any else []
     if unknown:
-        valid = sorted(set(accepted) - set(context))
+        valid = sorted(set(accepted) - set(provided))
         raise ConfigError(
             f"'{label}' has no option {', '.join(unknown)}; its options are: {', '.join(valid)}"
         )
     check_types(label, cls, params)
-    return cls(**(params | context))

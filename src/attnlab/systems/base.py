@@ -18,6 +18,7 @@ from attnlab.model.architecture import Architecture
 from attnlab.norm.base import Normalizer
 from attnlab.optim import check_optim, configure_adamw
 from attnlab.pe.base import PositionalEncoding
+from attnlab.settings import check_options
 from attnlab.stored import RECORD_KEY
 from attnlab.synthesizer.base import Synthesizer
 
@@ -66,8 +67,9 @@ class System(L.LightningModule):
         vocabulary and the task's `settings`: every variant is built against the shape of
         the stack it sits in, and refuses a bad setting, before any data is read."""
         accepted = inspect.signature(cls).parameters
+        check_options(f"{cls.__module__}.{cls.__name__}", cls, settings, ("architecture", "optim"))
         stand_in = {k: v for k, v in STAND_IN.items() if k in accepted}
-        bound = inspect.signature(cls).bind_partial(**stand_in, **settings)
+        bound = inspect.signature(cls).bind_partial(**(stand_in | settings))
         bound.apply_defaults()
         with torch.device("meta"):
             cls.network(Architecture.from_config(architecture), **bound.arguments)

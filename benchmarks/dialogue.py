@@ -38,7 +38,7 @@ SETTINGS = [
     "task=chitchat", "model=tiny", "~logger", "extras.print_config=false",
     "callbacks.progress_bar.refresh_rate=0", "callbacks.model_summary.max_depth=0",
 ]  # fmt: skip
-SMOKE = ["task.data.vocab_size=120", "task.data.tokenizer_pairs=2000"]
+SMOKE = ["task.data.tokenizer.vocab_size=120", "task.data.tokenizer.pairs=2000"]
 
 
 def test_phase(overrides: list[str], output: Path) -> tuple[int, float]:

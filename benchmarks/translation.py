@@ -44,14 +44,15 @@ from attnlab.decoding import greedy
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, TokenEmbedding
+from attnlab.options import variant
 from attnlab.pe.sinusoidal import sinusoids
-from attnlab.tasks.translation import TranslationDataModule
+from attnlab.settings import build
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 # model=small's dimensions; attention dropout as nn.Transformer, which drops attention weights
 SMALL = ModelConfig(Standard(), attn_dropout=0.1)
 TINY = ModelConfig(Standard(), d_model=32, n_heads=2, n_layers=2, d_ff=64, attn_dropout=0.1)
-SMOKE_DATA = {"train_size": 300, "vocab_size": 500}
+SMOKE_DATA = {"batching.train_size": 300, "tokenizer.vocab_size": 500}
 SMOKE_BUDGET = ["debug=limit"]  # 2 epochs of 5 batches, 2 batches of validation and test
 BASELINE = AttentionConfig(
     {"_target_": "attnlab.pe.sinusoidal.SinusoidalPE"},
@@ -71,7 +72,9 @@ class Settings:
 
     preset: str  # the model config whose dimensions `model` has
     model: ModelConfig
-    data: dict[str, int]  # TranslationDataModule options besides the shared files
+    data: dict[
+        str, int
+    ]  # task.data settings (dotted: batching.train_size) besides the shared files
     cache_dir: Path  # tokenizer and token caches
     decoding: tuple[int, int]  # sources, and tokens decoded for each
     overrides: list[str]  # train.py overrides of every quality run
@@ -118,10 +121,11 @@ class TorchTransformer(nn.Module):
 
 def multi30k_batches(count: int, settings: Settings) -> tuple[list[dict], int]:
     """The first `count` training batches of the shared Multi30k files, and the vocabulary size."""
-    data = TranslationDataModule(
-        source="local", dir=str(MULTI30K), cache_dir=str(settings.cache_dir), max_len=128,
-        **settings.data,
-    )  # fmt: skip
+    chosen = [f"data.{option}={value}" for option, value in settings.data.items()]
+    data = build(variant(
+        "task", "translation", "data.source=local", f"data.dir={MULTI30K}",
+        f"data.cache_dir={settings.cache_dir}", "data.batching.max_len=128", *chosen,
+    )["data"])  # fmt: skip
     data.setup("fit")
     dataset, batches = data.batched("train")
     return [collate(dataset[list(b)]) for b in batches[:count]], data.tokenizers.tgt.vocab_size

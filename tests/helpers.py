@@ -19,7 +19,7 @@ from omegaconf import DictConfig, open_dict
 
 from attnlab.attention.core import AttentionParts
 from attnlab.options import CONF_DIR, causal_only, options, shrink, variant
-from attnlab.settings import ConfigError, own_class
+from attnlab.settings import ConfigError, build, own_class
 from attnlab.shape import StackShape
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +46,17 @@ CAUSAL_PES = options("pe")
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 
 SHAPE = StackShape(d_model=16, n_heads=2, head_dim=8, value_dim=8, n_layers=2, causal=False)
+
+
+def task_data(task: str, cache: Path, **settings: Any) -> Any:
+    """The datamodule of `task` built from its real YAML (task.data), caching under `cache`;
+    each of `settings` replaces the node's key of that name, or the key of that name in one
+    of its nodes (tokenizer, batching) when it lives there."""
+    node = variant("task", task, f"data.cache_dir={cache}")["data"]
+    for name, value in settings.items():
+        holders = [child for child in node.values() if isinstance(child, dict) and name in child]
+        (holders[0] if name not in node and holders else node)[name] = value
+    return build(node)
 
 
 def compose_config(

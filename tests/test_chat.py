@@ -30,7 +30,7 @@ def trained(tmp_path_factory):
         [
             "~logger", "callbacks.progress_bar.refresh_rate=0", "extras.print_config=false",
             "callbacks.model_summary.max_depth=0", "task=dailydialog", "task.data.source=local",
-            f"task.data.dir={data}", "task.data.vocab_size=36", "task.data.tokenizer_pairs=500",
+            f"task.data.dir={data}", "task.data.tokenizer.vocab_size=36", "task.data.tokenizer.pairs=500",
             "model=tiny", "trainer.max_steps=20", "test=false", "decode.max_len=12",
             f"paths.data_dir={root / 'cache'}",
         ],

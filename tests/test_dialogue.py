@@ -9,7 +9,7 @@ from pathlib import Path
 
 import datasets
 import pytest
-from helpers import SHARED_DATA
+from helpers import SHARED_DATA, task_data
 
 from attnlab.runner.train import train
 from attnlab.scores import dialogue_scores, distinct, signatures
@@ -27,10 +27,17 @@ DAILYDIALOG = SHARED_DATA / "dailydialog"
 needs_dailydialog = pytest.mark.skipif(
     not DAILYDIALOG.is_dir(), reason=f"the shared DailyDialog files are not at {DAILYDIALOG}"
 )
-SMALL = {"vocab_size": 120, "tokenizer_pairs": 2000, "max_tokens": 512, "max_len": 24}
+SMALL = {"vocab_size": 120, "pairs": 2000, "max_tokens": 512, "max_len": 24}
+
+
+def dialogue_data(cache_dir: str, **settings) -> DialogueDataModule:
+    """chitchat's data from its YAML with `settings` over it."""
+    return task_data("chitchat", Path(cache_dir), **settings)
+
+
 TINY_RUN = [
-    "model=tiny", "task.data.vocab_size=500", "task.data.tokenizer_pairs=5000",
-    "task.data.train_size=64", "task.system.val_generate=8",
+    "model=tiny", "task.data.tokenizer.vocab_size=500", "task.data.tokenizer.pairs=5000",
+    "task.data.batching.train_size=64", "task.system.val_generate=8",
 ]  # fmt: skip
 
 
@@ -97,7 +104,7 @@ def test_each_response_gets_the_turns_before_it_after_their_speakers_markers():
 
 
 def test_no_conversation_is_in_two_splits_of_a_real_corpus(tmp_path):
-    module = DialogueDataModule(source="chitchat", cache_dir=str(tmp_path), **SMALL)
+    module = dialogue_data(source="chitchat", cache_dir=str(tmp_path), **SMALL)
     splits = [set(module.corpus.conversations[s]) for s in ("train", "valid", "test")]
     assert sum(map(len, splits)) == len(set.union(*splits)), "disjoint"
     assert len(splits[1]) == len(splits[2]) == 173 and len(module.corpus.examples["valid"]) > 1000
@@ -107,7 +114,7 @@ def test_long_contexts_keep_their_latest_tokens_and_markers_stay_whole(tmp_path)
     long_turn = " ".join(["blah"] * 60)
     lines = [dialogue_line((f"hello {n}", long_turn, f"bye {n}")) for n in range(100)]
     write_dialogues(tmp_path / "dd", "train", lines)
-    module = DialogueDataModule(
+    module = dialogue_data(
         source="local", dir=str(tmp_path / "dd"), cache_dir=str(tmp_path / "cache"),
         **{**SMALL, "vocab_size": 40},
     )  # fmt: skip
@@ -128,7 +135,7 @@ def test_local_files_with_all_three_splits_are_used_as_given(tmp_path, caplog):
     for split, rows in (("train", talks[:20]), ("validation", talks[20:25]), ("test", talks[25:])):
         write_dialogues(tmp_path / "dd", split, [dialogue_line(t) for t in rows])
     with caplog.at_level(logging.INFO):
-        module = DialogueDataModule(
+        module = dialogue_data(
             source="local", dir=str(tmp_path / "dd"), cache_dir=str(tmp_path / "c"), **SMALL
         )
     normalized = [tuple(map(normalize, t)) for t in talks]
@@ -155,7 +162,7 @@ def test_local_files_without_a_test_split_are_pooled_and_resplit_with_a_warning(
     write_dialogues(tmp_path / "dd", "train", [dialogue_line(t) for t in talks[:30]])
     write_dialogues(tmp_path / "dd", "validation", [dialogue_line(t) for t in talks[30:]])
     with caplog.at_level(logging.WARNING):
-        module = DialogueDataModule(
+        module = dialogue_data(
             source="local", dir=str(tmp_path / "dd"), cache_dir=str(tmp_path / "c"), **SMALL
         )
     assert "has no test split: its 40 conversations are pooled and split" in caplog.text
@@ -169,10 +176,10 @@ def test_every_run_seed_gets_the_same_split_and_tokenizer(tmp_path):
     write_dialogues(tmp_path / "dd", "train", [dialogue_line(t) for t in talks])
     common = {"source": "local", "dir": str(tmp_path / "dd"), "cache_dir": str(tmp_path / "c")}
     small = {**common, **SMALL, "vocab_size": 36}
-    modules = [DialogueDataModule(seed=seed, **small) for seed in (1, 2)]
+    modules = [dialogue_data(seed=seed, **small) for seed in (1, 2)]
     assert modules[0].corpus.conversations == modules[1].corpus.conversations
     assert modules[0].tokenizers.src.key == modules[1].tokenizers.src.key
-    other = DialogueDataModule(data_seed=1, **small)
+    other = dialogue_data(data_seed=1, **small)
     assert other.corpus.conversations["test"] != modules[0].corpus.conversations["test"]
 
 
@@ -184,14 +191,14 @@ def test_a_line_without_end_of_turn_names_the_file_and_line(tmp_path):
     with pytest.raises(
         ConfigError, match=rf"{path} line 2 has no __eou__: .* fix or remove the line"
     ):
-        DialogueDataModule(source="local", dir=str(tmp_path), cache_dir=str(tmp_path / "c"))
+        dialogue_data(source="local", dir=str(tmp_path), cache_dir=str(tmp_path / "c"))
 
 
 def test_invalid_utf8_names_the_file_and_line(tmp_path):
     path = write_dialogues(tmp_path, "train", [dialogue_line(("a", "b", "c"))])
     path.write_bytes(path.read_bytes() + b"caf\xe9 __eou__\n")
     with pytest.raises(ConfigError, match=rf"{path} line 2 is not valid UTF-8"):
-        DialogueDataModule(source="local", dir=str(tmp_path), cache_dir=str(tmp_path / "c"))
+        dialogue_data(source="local", dir=str(tmp_path), cache_dir=str(tmp_path / "c"))
 
 
 @pytest.mark.parametrize(
@@ -211,12 +218,12 @@ def test_impossible_settings_are_one_sentence(options, message, tmp_path):
     if settings["dir"] == "missing":
         settings["dir"] = str(tmp_path / "missing")
     with pytest.raises(ConfigError, match=message):
-        DialogueDataModule(cache_dir=str(tmp_path / "c"), **settings)
+        dialogue_data(cache_dir=str(tmp_path / "c"), **settings)
 
 
 def test_an_empty_split_is_one_sentence(tmp_path):
     write_dialogues(tmp_path / "dd", "train", [dialogue_line(conversation(n, 3)) for n in range(8)])
-    module = DialogueDataModule(
+    module = dialogue_data(
         source="local", dir=str(tmp_path / "dd"), cache_dir=str(tmp_path / "c"),
         valid_share=0.01, **{**SMALL, "vocab_size": 30},
     )  # fmt: skip
@@ -278,7 +285,9 @@ def test_fast_dev_run_on_a_hub_dataset(make_config, monkeypatch):
          "validation": datasets.Dataset.from_dict({"dialog": talks[50:]})}
     )  # fmt: skip
     monkeypatch.setattr(dialogue, "load_hub", lambda *args: hub)
-    cfg = make_config(["task=dailydialog", "debug=fast", *TINY_RUN[:-2], "task.data.vocab_size=60"])
+    cfg = make_config(
+        ["task=dailydialog", "debug=fast", *TINY_RUN[:-2], "task.data.tokenizer.vocab_size=60"]
+    )
     metrics = train(cfg)
     assert math.isfinite(metrics["test/ppl"])
 
@@ -287,7 +296,7 @@ def test_fast_dev_run_on_a_hub_dataset(make_config, monkeypatch):
 def test_a_tiny_model_learns_32_real_exchanges_by_heart(make_config):
     cfg = make_config(
         [
-            "task=chitchat", *TINY_RUN[:3], "task.data.train_size=32", "model.d_model=64",
+            "task=chitchat", *TINY_RUN[:3], "task.data.batching.train_size=32", "model.d_model=64",
             "model.dropout=0.0", "task.system.label_smoothing=0.0", "task.optim.lr=3e-3",
             "task.optim.warmup_steps=20", "task.optim.schedule=constant", "trainer.max_epochs=300",
             "+trainer.limit_val_batches=1", "trainer.check_val_every_n_epoch=100",

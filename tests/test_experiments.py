@@ -17,12 +17,12 @@ SHAKESPEARE = SHARED_DATA / "tinyshakespeare"
 SMALL_DATA = {
     "probe": ["task.data.train_size=64"],
     "multi30k": [
-        "task.data.source=local", f"task.data.dir={MULTI30K}", "task.data.train_size=300",
-        "task.data.vocab_size=500",
+        "task.data.source=local", f"task.data.dir={MULTI30K}",
+        "task.data.batching.train_size=300", "task.data.tokenizer.vocab_size=500",
     ],
     "chitchat": [
-        "task.data.vocab_size=500", "task.data.tokenizer_pairs=5000", "task.data.train_size=64",
-        "task.system.val_generate=8",
+        "task.data.tokenizer.vocab_size=500", "task.data.tokenizer.pairs=5000",
+        "task.data.batching.train_size=64", "task.system.val_generate=8",
     ],
     "lm": [],
 }  # fmt: skip

@@ -38,7 +38,16 @@ TEXT = [
     "A boy in a red uniform is attempting to avoid getting out at home plate.",
     "Ein Junge in einem roten Trikot versucht, die Home Base zu erreichen.",
 ]
-SMALL = TokenizerSettings(vocab_size=120)
+
+
+def settings(**options) -> TokenizerSettings:
+    """Translation's tokenizer settings (unigram, full coverage) with `options` over them."""
+    return TokenizerSettings(
+        **{"vocab_size": 120, "model_type": "unigram", "character_coverage": 1.0, **options}
+    )
+
+
+SMALL = settings()
 CORPUS = {"corpus": {"source": "test", "name": "captions"}, "languages": ["de", "en"]}
 
 
@@ -66,9 +75,9 @@ def test_a_tokenizer_is_trained_once_then_reused(tmp_path):
 @pytest.mark.parametrize(
     "settings,identity",
     [
-        (TokenizerSettings(vocab_size=100), CORPUS),
-        (TokenizerSettings(vocab_size=120, model_type="bpe"), CORPUS),
-        (TokenizerSettings(vocab_size=120, character_coverage=0.99), CORPUS),
+        (settings(vocab_size=100), CORPUS),
+        (settings(vocab_size=120, model_type="bpe"), CORPUS),
+        (settings(vocab_size=120, character_coverage=0.99), CORPUS),
         (SMALL, {**CORPUS, "languages": ["en"]}),
         (SMALL, {**CORPUS, "corpus": {"source": "test", "name": "other"}}),
     ],
@@ -103,7 +112,7 @@ def test_held_out_multi30k_sentences_round_trip(tmp_path):
     }
     train = lines["train"][:2000]
     tokenizer = load_or_train(
-        tmp_path, CORPUS, TokenizerSettings(vocab_size=500), lambda: train, num_threads=2
+        tmp_path, CORPUS, settings(vocab_size=500), lambda: train, num_threads=2
     )
     seen = set("".join(train))
     held_out = [line.strip() for line in lines["valid"] if set(line) <= seen]
@@ -123,7 +132,7 @@ def test_special_ids_are_fixed_and_decoding_stops_at_eos(tmp_path):
 
 def test_a_vocabulary_larger_than_the_text_supports_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"vocab_size=5000 is more than 16 training sentences"):
-        load_or_train(tmp_path, CORPUS, TokenizerSettings(5000), lambda: TEXT, num_threads=2)
+        load_or_train(tmp_path, CORPUS, settings(vocab_size=5000), lambda: TEXT, num_threads=2)
     assert not any(p.is_dir() for p in tmp_path.iterdir()), "a failed training leaves no entry"
 
 
@@ -131,7 +140,7 @@ def test_a_vocabulary_smaller_than_the_texts_characters_is_a_config_error(tmp_pa
     with pytest.raises(
         ConfigError, match=r"vocab_size=8 cannot hold every character of the training text .* raise"
     ):
-        load_or_train(tmp_path, CORPUS, TokenizerSettings(8), lambda: TEXT, num_threads=2)
+        load_or_train(tmp_path, CORPUS, settings(vocab_size=8), lambda: TEXT, num_threads=2)
 
 
 @pytest.mark.parametrize(
@@ -144,7 +153,7 @@ def test_a_vocabulary_smaller_than_the_texts_characters_is_a_config_error(tmp_pa
 )
 def test_impossible_settings_are_config_errors(options, message):
     with pytest.raises(ConfigError, match=message):
-        TokenizerSettings(**options)
+        settings(**options)
 
 
 def test_an_interrupted_build_leaves_no_entry(tmp_path):

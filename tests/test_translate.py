@@ -29,7 +29,7 @@ def trained(tmp_path_factory):
         [
             "~logger", "callbacks.progress_bar.refresh_rate=0", "extras.print_config=false",
             "callbacks.model_summary.max_depth=0", "task=translation", f"task.data.dir={data}",
-            "task.data.vocab_size=50", "task.data.tokenizer_pairs=1000", "model=tiny",
+            "task.data.tokenizer.vocab_size=50", "task.data.tokenizer.pairs=1000", "model=tiny",
             "trainer.max_epochs=3", f"paths.data_dir={root / 'cache'}", "test=false",
         ],
         root / "run",
@@ -87,14 +87,15 @@ def test_batches_keep_each_batch_within_its_token_budget():
 
 
 def test_the_loaded_system_keeps_its_runs_data_settings_read_once(trained):
-    from attnlab.commands.translate import stored_data
+    from attnlab.commands.translate import evaluation_cut, stored_data
     from attnlab.stored import load_system
     from attnlab.systems.seq2seq import Seq2SeqSystem
     from attnlab.tokenizer import VOCABULARY_KEY
 
     best, _, _ = trained
     system = load_system(best, Seq2SeqSystem, (lambda task: True, ""), VOCABULARY_KEY, "test")
-    assert stored_data(system)["max_eval_len"] == 1024  # conf/task/translation.yaml
+    assert stored_data(system)["batching"]["max_eval_len"] == 1024  # conf/task/translation.yaml
+    assert evaluation_cut(system) == 1023  # room for EOS
 
 
 def test_an_exported_model_translates_and_evaluates_as_its_checkpoint(trained, tmp_path):
@@ -121,3 +122,19 @@ def test_an_exported_model_translates_and_evaluates_as_its_checkpoint(trained, t
         evaluated(model, tmp_path / f"eval-{n}", cache) for n, model in enumerate([best, exported])
     ]
     assert scores[0] == scores[1]
+
+
+@pytest.mark.parametrize(
+    "data,cut",
+    [({"batching": {"max_eval_len": 64}}, 63), ({"max_eval_len": 64}, 63)],  # before: flat
+    ids=["batching node", "flat, runs before the node"],
+)
+def test_the_evaluation_cut_is_read_from_either_layout_of_the_runs_data(data, cut):
+    from types import SimpleNamespace
+
+    from attnlab.commands.translate import evaluation_cut
+
+    record = {"config": {"task": {"data": data}}}
+    assert evaluation_cut(SimpleNamespace(run_record=record)) == cut
+    with pytest.raises(ConfigError, match=r"no usable task\.data\.batching\.max_eval_len"):
+        evaluation_cut(SimpleNamespace(run_record={"config": {"task": {"data": {}}}}))

@@ -18,7 +18,7 @@ needs_multi30k = pytest.mark.skipif(
 )
 OVERFIT = [
     "model=tiny", "model.d_model=64", "model.dropout=0.0", "task.system.label_smoothing=0.0",
-    "task.data.vocab_size=300", "task.optim.lr=3e-3", "task.optim.warmup_steps=20",
+    "task.data.tokenizer.vocab_size=300", "task.optim.lr=3e-3", "task.optim.warmup_steps=20",
     "task.optim.schedule=constant", "trainer.max_epochs=400", "trainer.check_val_every_n_epoch=100",
     "decode.beam=2",
 ]  # fmt: skip
@@ -97,8 +97,8 @@ def test_a_tiny_model_overfits_64_real_pairs_and_eval_py_decodes_other_files(mak
 def test_fast_dev_run_of_multi30k_on_the_shared_files(make_config, tmp_path):
     cfg = make_config(
         [
-            *local(MULTI30K, tmp_path / "cache"), "model=tiny", "debug=fast", "task.data.train_size=500",
-            "task.data.vocab_size=1000", "pe=rope", "norm=l2",
+            *local(MULTI30K, tmp_path / "cache"), "model=tiny", "debug=fast", "task.data.batching.train_size=500",
+            "task.data.tokenizer.vocab_size=1000", "pe=rope", "norm=l2",
         ]
     )  # fmt: skip
     metrics = train(cfg)

@@ -18,7 +18,7 @@ import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from helpers import SHARED_DATA
+from helpers import SHARED_DATA, task_data
 from torch.utils.data import DistributedSampler
 
 from attnlab import tokenizer as tokenizer_module
@@ -59,7 +59,7 @@ WORDS = {
     "water": "wasser",
 }
 EN, DE = list(WORDS), list(WORDS.values())
-TINY = {"vocab_size": 40, "tokenizer_pairs": 1000, "max_tokens": 512, "max_len": 64}
+TINY = {"vocab_size": 40, "pairs": 1000, "max_tokens": 512, "max_len": 64, "num_threads": 2}
 
 
 def sentence_pairs(count: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -80,9 +80,8 @@ def write_split(directory: Path, split: str, pairs: list[tuple[str, str]]) -> No
 
 
 def local(directory: Path, cache: Path, **options) -> TranslationDataModule:
-    settings = {**TINY, "num_threads": 2, **options}
-    return TranslationDataModule(
-        source="local", dir=str(directory), cache_dir=str(cache), **settings
+    return task_data(
+        "translation", cache, source="local", dir=str(directory), **{**TINY, **options}
     )
 
 
@@ -141,7 +140,7 @@ def test_a_missing_directory_or_file_says_what_to_pass(corpus, tmp_path):
     with pytest.raises(ConfigError, match=r"task\.data\.dir=\S*nowhere is not a directory: pass"):
         local(tmp_path / "nowhere", tmp_path / "cache")
     with pytest.raises(ConfigError, match=r"needs a directory: pass task\.data\.dir=<"):
-        TranslationDataModule(source="local", dir=None, cache_dir=str(tmp_path))
+        task_data("translation", tmp_path, source="local", dir=None)
     (corpus / "test.en").write_text("a dog\n")
     with pytest.raises(ConfigError, match=r"test\.en has no counterpart \S*test\.de"):
         local(corpus, tmp_path / "cache").prepare_data()
@@ -200,8 +199,8 @@ def test_evaluating_a_file_pair_reads_neither_the_hub_nor_another_split(
 
     monkeypatch.setattr(translation, "load_hub", never)
     monkeypatch.setattr(tokenizer_module, "train_sentencepiece", never)
-    module = TranslationDataModule(
-        source="hub", dataset="someone/parallel", cache_dir=str(tmp_path / "cache"),
+    module = task_data(
+        "translation", tmp_path / "cache", source="hub", dataset="someone/parallel",
         test_src=str(src), test_tgt=str(tgt), **TINY,
     )  # fmt: skip
     module.restore({"tokenizers": [model, model]}, "test")
@@ -217,7 +216,7 @@ def test_a_directory_is_refused_with_the_hub_source(tmp_path):
     with pytest.raises(
         ConfigError, match=r"task\.data\.dir=\S+ is read only with task\.data\.source=local"
     ):
-        TranslationDataModule(source="hub", dataset="wmt/wmt14", dir=str(tmp_path))
+        task_data("translation", tmp_path, source="hub", dataset="wmt/wmt14", dir=str(tmp_path))
 
 
 def test_separate_vocabularies_are_per_language_and_never_share_embeddings(corpus, tmp_path):
@@ -342,9 +341,7 @@ def test_hub_rows_in_either_layout_become_pairs(tmp_path, monkeypatch, layout):
     valid[5] = ("", valid[5][1])
     hub = datasets.DatasetDict({"train": table(train), "validation": table(valid)})
     monkeypatch.setattr(translation, "load_hub", lambda *args: hub)
-    module = TranslationDataModule(
-        source="hub", dataset="someone/parallel", cache_dir=str(tmp_path), num_threads=2, **TINY
-    )
+    module = task_data("translation", tmp_path, source="hub", dataset="someone/parallel", **TINY)
     module.setup()
     batches = list(module.val_dataloader())
     assert sorted(indices(batches)) == [i for i in range(40) if i != 5]
@@ -441,7 +438,7 @@ def shared(name: str) -> Path:
 
 
 def real(name: str, cache: Path, **options) -> TranslationDataModule:
-    settings = {"vocab_size": 500, "tokenizer_pairs": 2000, "max_tokens": 1024, "max_len": 64}
+    settings = {"vocab_size": 500, "pairs": 2000, "max_tokens": 1024, "max_len": 64}
     return local(shared(name), cache, **{**settings, **options})
 
 

@@ -103,7 +103,7 @@ def test_a_run_reads_the_data_it_was_trained_on_from_any_directory(tmp_path):
     run_dir = tmp_path / "run"
     trained = program(
         "train.py", "task=multi30k", "task.data.source=local", "task.data.dir=pairs", "model=tiny",
-        "task.data.vocab_size=200", "trainer.max_steps=2", "test=false",
+        "task.data.tokenizer.vocab_size=200", "trainer.max_steps=2", "test=false",
         f"paths.data_dir={tmp_path / 'cache'}", f"hydra.run.dir={run_dir}", cwd=here,
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-2000:]

@@ -268,6 +268,7 @@ def build(
         if key not in accepted:  # a logger's name is its own setting
             params.pop(key, None)
     check_options(label, cls, params, context)
+    check_complete(label, cls, params, context)
     return cls(**(params | context))
 
 
@@ -285,3 +286,22 @@ def check_options(
             f"'{label}' has no option {', '.join(unknown)}; its options are: {', '.join(valid)}"
         )
     check_types(label, cls, params)
+
+
+def check_complete(
+    label: str, cls: type, params: Mapping[str, Any], provided: Collection[str] = ()
+) -> None:
+    """ConfigError for an option `cls` needs that neither the config nor `provided` gives
+    (defaults live in the YAML, so a node that lost one has no fallback)."""
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    missing = [
+        name
+        for name, parameter in inspect.signature(cls).parameters.items()
+        if parameter.default is inspect.Parameter.empty and parameter.kind not in variadic
+        and name not in params and name not in provided
+    ]  # fmt: skip
+    if missing:
+        raise ConfigError(
+            f"'{label}' needs the option {', '.join(missing)}: set it in its YAML or on the "
+            "command line"
+        )

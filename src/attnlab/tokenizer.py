@@ -25,7 +25,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -118,17 +118,20 @@ def acquire_build_lock(directory: Path, problem: str) -> FileLock:
 
 @dataclass(frozen=True)
 class TokenizerSettings:
-    """Everything that shapes a trained model (all of it goes into the cache key)."""
+    """Everything that shapes a trained model (all of it goes into the cache key), and the
+    config node it came from (`label`, for messages)."""
 
-    vocab_size: int = 8000
-    model_type: str = "unigram"
-    character_coverage: float = 1.0  # 1.0 suits alphabetic languages; ~0.9995 for CJK
+    vocab_size: int
+    model_type: str
+    character_coverage: float  # 1.0 suits alphabetic languages; ~0.9995 for CJK
     user_symbols: tuple[str, ...] = ()  # pieces kept whole, e.g. a dialogue's speaker markers
+    label: str = field(default="task.data", compare=False)
 
     def identity(self) -> dict[str, Any]:
         """What the cache key is made of (without user symbols when there are none, so that
         the keys of vocabularies without them stay what they were)."""
         settings = asdict(self)
+        del settings["label"]
         if not self.user_symbols:
             del settings["user_symbols"]
         else:
@@ -138,16 +141,16 @@ class TokenizerSettings:
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
             raise ConfigError(
-                f"task.data.model_type={self.model_type!r} is not one of: {', '.join(MODEL_TYPES)}"
+                f"{self.label}.model_type={self.model_type!r} is not one of: {', '.join(MODEL_TYPES)}"
             )
         if self.vocab_size <= EOS_ID + 1:
             raise ConfigError(
-                f"task.data.vocab_size={self.vocab_size} leaves no room beside the 4 special "
+                f"{self.label}.vocab_size={self.vocab_size} leaves no room beside the 4 special "
                 "pieces (pad, unk, bos, eos): use a few hundred or more"
             )
         if not 0 < self.character_coverage <= 1:
             raise ConfigError(
-                f"task.data.character_coverage={self.character_coverage} must be in (0, 1]"
+                f"{self.label}.character_coverage={self.character_coverage} must be in (0, 1]"
             )
 
 
@@ -245,12 +248,12 @@ def train_sentencepiece(
         reason = str(error).split("] ")[-1].split(". Increase")[0]
         if "Vocabulary size too high" in str(error):
             raise ConfigError(
-                f"task.data.vocab_size={settings.vocab_size} is more than {len(sentences)} "
+                f"{settings.label}.vocab_size={settings.vocab_size} is more than {len(sentences)} "
                 f"training sentences can fill ({reason}): lower vocab_size"
             ) from None
         if "smaller than required_chars" in str(error):
             raise ConfigError(
-                f"task.data.vocab_size={settings.vocab_size} cannot hold every character of the "
+                f"{settings.label}.vocab_size={settings.vocab_size} cannot hold every character of the "
                 f"training text and the special symbols ({reason}): raise vocab_size"
             ) from None
         raise

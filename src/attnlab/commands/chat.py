@@ -8,7 +8,7 @@ reply to each conversation's last turn is written, one a line, in order.
 
 The model sees what it saw in training (attnlab.tasks.dialogue): turns normalized, the last
 `task.data.context_turns` turns of the conversation, each after its speaker's marker, cut
-from the left to the run's `task.data.max_eval_len` tokens. The run's decode settings apply
+from the left to the run's `task.data.batching.max_eval_len` tokens. The run's decode settings apply
 unless `decode.*` changes them (attnlab.commands.translate lists them); sampling draws from one
 generator seeded by `decode.seed`, so a seed gives the same replies again.
 """
@@ -25,6 +25,7 @@ import torch
 from attnlab.commands.translate import (
     DEFAULT_MAX_TOKENS,
     decoded,
+    evaluation_cut,
     requested,
     stored_data,
     write_output,
@@ -56,8 +57,8 @@ class Chat:
         )
         self.config = replace(self.system.decode_config, **decode)
         data = stored_data(self.system)
-        self.context_turns = int(data.get("context_turns") or 3)
-        self.cut = int(data.get("max_eval_len") or 256) - 1  # room for EOS
+        self.context_turns = int(data["context_turns"])
+        self.cut = evaluation_cut(self.system)
         self.generator = torch.Generator().manual_seed(self.config.seed)
 
     def context(self, turns: list[str]) -> list[int]:

@@ -5,7 +5,7 @@ reference is needed.
 The checkpoint is read as tensors and plain data and its system rebuilt from its
 hyperparameters, weights and tokenizers (attnlab.stored.load_system). Each line is read
 as training reads data (attnlab.data.text: normalized, a UTF-8 error names the line), cut to
-the run's `task.data.max_eval_len` tokens as evaluation cuts it (said on stderr), and
+the run's `task.data.batching.max_eval_len` tokens as evaluation cuts it (said on stderr), and
 translated with the run's decode settings unless `decode.*` says otherwise (strategy, beam,
 top_k, top_p, temperature, seed, length_penalty, no_repeat_ngram, max_len). Lines are sorted
 by length and batched so that a batch holds at most `max_tokens` source tokens times the
@@ -95,7 +95,7 @@ def translate(args: list[str]) -> int:
     system = load_system(path, Seq2SeqSystem, (is_translation, wanted), VOCABULARY_KEY, "translate")
     config = replace(system.decode_config, **decode)
     lines = read_input(str(settings["input"]))
-    cut = int(stored_data(system).get("max_eval_len") or 1024) - 1  # room for EOS
+    cut = evaluation_cut(system)
     ids = [system.tokenizers.src.encode(line) for line in lines]
     if long := sum(len(i) > cut for i in ids):
         print(f"attnlab: {long} lines cut to their first {cut} tokens", file=sys.stderr)
@@ -133,6 +133,20 @@ def decoded(
 def stored_data(system: Seq2SeqSystem) -> dict[str, Any]:
     """The task.data settings the system's run was trained with (load_system keeps them)."""
     return nested(system.run_record, "config", "task", "data")
+
+
+def evaluation_cut(system: Seq2SeqSystem) -> int:
+    """Source tokens kept before EOS, as the run's evaluation cut them: its
+    task.data.batching.max_eval_len (task.data.max_eval_len in runs before batching was a
+    node), less one."""
+    data = stored_data(system)
+    cut = data.get("batching", data).get("max_eval_len")
+    if not is_count(cut, 2):
+        raise ConfigError(
+            f"the checkpoint's run record has no usable task.data.batching.max_eval_len ({cut!r}): "
+            "pass a checkpoint that attnlab's train.py wrote"
+        )
+    return int(cut) - 1
 
 
 def read_input(source: str) -> list[str]:

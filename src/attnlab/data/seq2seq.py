@@ -2,8 +2,8 @@
 every sequence-to-sequence task (translation, dialogue). A task gives the corpus and the
 names of its two sides; this module does the rest.
 
-Vocabulary: one SentencePiece model for both sides (`joint_vocab`) or one per side, trained
-on a fixed sample of `tokenizer_pairs` training pairs and cached (attnlab.tokenizer). Each
+Vocabulary (task.data.tokenizer): one SentencePiece model for both sides (`joint_vocab`) or
+one per side, trained on a fixed sample of `pairs` training pairs and cached (attnlab.tokenizer). Each
 split is tokenized once into the token cache (attnlab.data.cache), keyed by the corpus's
 content, the sides and the tokenizers. Caches are built in `prepare_data`; `setup`,
 `model_kwargs()` and `max_seq_len` open them, building whatever is missing or damaged under
@@ -11,7 +11,7 @@ a file lock (so that every DDP rank may ask, and the model may be built before L
 calls `prepare_data`). A whole cache is checked against its record and read without the lock,
 so a read-only shared cache serves (attnlab.tokenizer.build_once).
 
-Batching (`Batching`): training pairs longer than `max_len` tokens or with a token-count
+Batching (task.data.batching): training pairs longer than `max_len` tokens or with a token-count
 ratio above `max_len_ratio` are dropped (and counted); `train_size` keeps a random sample,
 drawn with `data_seed` (fixed across run seeds: a seed sweep varies initialization and batch
 order, never the data). Training batches are cut from a shuffled, chunk-wise length-sorted order once per run; each
@@ -26,9 +26,10 @@ than using another split in its place.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from torch.utils.data import DataLoader
@@ -48,7 +49,7 @@ from attnlab.data.corpus import SPLITS, Corpus
 from attnlab.data.loader import ResumableLoader
 from attnlab.data.task import TaskData
 from attnlab.data.text import available_cores
-from attnlab.settings import ConfigError, require_counts
+from attnlab.settings import ConfigError, check_complete, check_options, require_counts
 from attnlab.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -65,6 +66,8 @@ from attnlab.tokenizer import (
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+TOKENIZER, BATCHING = "task.data.tokenizer", "task.data.batching"  # the nodes' names
 STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
 SAMPLE_SEED = 0  # the tokenizer's training sample: fixed, so runs with other seeds share it
 MISSING_SPLIT_HINT = {
@@ -77,34 +80,62 @@ MISSING_SPLIT_HINT = {
 
 @dataclass(frozen=True)
 class Batching:
-    """How pairs become batches (the module docstring)."""
+    """How pairs become batches (the module docstring): the node task.data.batching, with
+    `data_seed` from task.data and `cut_sources` decided by the task."""
 
-    max_tokens: int = 4096
-    max_len: int = 256
-    max_len_ratio: float | None = 3.0  # None: no ratio filter
-    max_eval_len: int = 1024
-    train_size: int | None = None
-    sort_chunk: int = 100_000
-    cut_sources: bool = False  # cut long sources to their end instead of dropping the pair
-    data_seed: int = 0  # draws the train_size sample; the batch order follows the run's seed
+    max_tokens: int
+    max_len: int
+    max_len_ratio: float | None  # None: no ratio filter
+    max_eval_len: int
+    train_size: int | None
+    sort_chunk: int
+    data_seed: int  # draws the train_size sample; the batch order follows the run's seed
+    cut_sources: bool  # cut long sources to their end instead of dropping the pair
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_len, int) and self.max_len >= 3):
-            raise ConfigError(f"task.data.max_len={self.max_len} cannot hold BOS, a token and EOS")
+            raise ConfigError(f"{BATCHING}.max_len={self.max_len} cannot hold BOS, a token and EOS")
         if self.max_tokens < 2 * self.max_len:
             raise ConfigError(
-                f"task.data.max_tokens={self.max_tokens} cannot hold a training pair of max_len="
-                f"{self.max_len} tokens a side: use max_tokens >= {2 * self.max_len} or a "
-                "smaller max_len"
+                f"{BATCHING}.max_tokens={self.max_tokens} cannot hold a training pair of "
+                f"max_len={self.max_len} tokens a side: use max_tokens >= {2 * self.max_len} or "
+                "a smaller max_len"
             )
-        require_counts("task.data", least=3, max_eval_len=self.max_eval_len)
-        require_counts("task.data", sort_chunk=self.sort_chunk)
+        require_counts(BATCHING, least=3, max_eval_len=self.max_eval_len)
+        require_counts(BATCHING, sort_chunk=self.sort_chunk)
         if self.train_size is not None:
-            require_counts("task.data", train_size=self.train_size)
+            require_counts(BATCHING, train_size=self.train_size)
         if self.max_len_ratio is not None and self.max_len_ratio < 1:
             raise ConfigError(
-                f"task.data.max_len_ratio={self.max_len_ratio} must be at least 1, or null"
+                f"{BATCHING}.max_len_ratio={self.max_len_ratio} must be at least 1, or null"
             )
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The node task.data.tokenizer: the SentencePiece settings (`TokenizerSettings`, which key
+    the tokenizer cache), whether both sides share one vocabulary, how many training pairs
+    the tokenizer is trained on, and its threads."""
+
+    vocab_size: int
+    model_type: str
+    character_coverage: float
+    joint_vocab: bool
+    pairs: int
+    num_threads: int | None  # SentencePiece's, training it and encoding; None: every core
+
+    def settings(self, user_symbols: tuple[str, ...]) -> TokenizerSettings:
+        return TokenizerSettings(
+            self.vocab_size, self.model_type, self.character_coverage, user_symbols, TOKENIZER
+        )
+
+
+def settings_node(cls: type[T], label: str, node: Mapping[str, Any], **given: Any) -> T:
+    """`cls` (a settings dataclass) from a config node, with `given` beside its keys; a
+    ConfigError naming `label` for a key it does not take, a missing or a mistyped one."""
+    check_options(label, cls, node, given)
+    check_complete(label, cls, node, given)
+    return cls(**node, **given)
 
 
 class Seq2SeqDataModule(TaskData):
@@ -116,24 +147,28 @@ class Seq2SeqDataModule(TaskData):
 
     def __init__(
         self,
-        corpus: Corpus,
         sides: tuple[str, str],
-        vocabulary: TokenizerSettings,
-        joint_vocab: bool,
-        tokenizer_pairs: int,
-        batching: Batching,
+        tokenizer: Mapping[str, Any],
+        batching: Mapping[str, Any],
         cache_dir: Path,
-        seed: int = 0,
-        num_workers: int = 0,
-        num_threads: int | None = None,
+        data_seed: int,
+        seed: int,
+        num_workers: int,
+        user_symbols: tuple[str, ...] = (),
+        cut_sources: bool = False,
     ) -> None:
         super().__init__()
-        require_counts("task.data", tokenizer_pairs=tokenizer_pairs)
+        vocabulary = settings_node(Vocabulary, TOKENIZER, tokenizer)
+        require_counts(TOKENIZER, pairs=vocabulary.pairs)
         require_counts("task.data", least=0, num_workers=num_workers)
-        self.corpus, self.sides, self.joint_vocab = corpus, sides, joint_vocab
-        self.vocabulary, self.tokenizer_pairs, self.batching = vocabulary, tokenizer_pairs, batching
+        self.sides, self.joint_vocab = sides, vocabulary.joint_vocab
+        self.vocabulary, self.tokenizer_pairs = vocabulary.settings(user_symbols), vocabulary.pairs
+        self.batching = settings_node(
+            Batching, BATCHING, batching, data_seed=data_seed, cut_sources=cut_sources
+        )
         self.cache_dir, self.seed, self.num_workers = cache_dir, seed, num_workers
-        self.num_threads = num_threads or available_cores()
+        self.num_threads = vocabulary.num_threads or available_cores()
+        self.corpus: Corpus  # the task's, set after these settings are checked
         self.splits = SPLITS  # the splits it reads; an evaluation reads one (`restore`)
         self._tokenizers: Tokenizers | None = None
         self._splits: dict[str, SplitData] = {}

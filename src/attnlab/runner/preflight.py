@@ -6,6 +6,8 @@ is a group that does not exist, added with `+` (`+optimizer=adam`), which Hydra 
 as a new top-level setting. An argument of Lightning's Trainer that conf/trainer does not
 list (`trainer.accumulate_grad_batches=2`) is a setting all the same: the Trainer's
 signature says so, and the override is passed on as `++trainer.accumulate_grad_batches=2`.
+A setting that moved into a node (`task.data.max_tokens`, now `task.data.batching.max_tokens`)
+is an error that names its new spelling.
 """
 
 from __future__ import annotations
@@ -50,6 +52,21 @@ def trainer_parameters() -> set[str]:
     return set(inspect.signature(Trainer.__init__).parameters) - {"self"}
 
 
+def moved_into(parent: DictConfig, parent_key: str, leaf: str) -> list[str]:
+    """Where a setting `leaf` of `parent` lives now that it moved into one of its nodes:
+    under its name (`max_tokens` -> `batching.max_tokens`), or with the node's name as its
+    prefix dropped (`tokenizer_pairs` -> `tokenizer.pairs`)."""
+    found = []
+    for key, child in parent.items_ex(resolve=False):
+        if not isinstance(child, DictConfig):
+            continue
+        for name in (leaf, leaf.removeprefix(f"{key}_")):
+            if name in child:
+                found.append(f"{parent_key}.{key}.{name}")
+                break
+    return found
+
+
 def check_setting_keys(args: list[str], config_name: str) -> list[str]:
     """`args`, each Trainer argument the trainer config does not list made `++trainer.…`;
     raise a ConfigError for an override of a setting, or an added group, that does not
@@ -88,6 +105,9 @@ def check_setting_keys(args: list[str], config_name: str) -> list[str]:
             continue
         if not isinstance(parent, DictConfig):
             raise ConfigError(f"{override.key_or_group} is not a setting: there is no {parent_key}")
+        moved = moved_into(parent, parent_key, leaf)
+        if moved:
+            raise ConfigError(f"{override.key_or_group} is now spelled {' or '.join(moved)}")
         names = sorted(str(key) for key in parent)
         if parent_key == "trainer":  # what the Trainer takes, listed or not
             names = sorted({*names, *trainer_parameters()} - {"_target_"})

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +43,9 @@ import numpy as np
 from attnlab.data.corpus import SPLITS, Pair
 from attnlab.data.digest import file_digest
 from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub
-from attnlab.data.seq2seq import Batching, Seq2SeqDataModule
+from attnlab.data.seq2seq import Seq2SeqDataModule
 from attnlab.data.text import read_lines
 from attnlab.settings import ConfigError, require_counts
-from attnlab.tokenizer import TokenizerSettings
 
 log = logging.getLogger(__name__)
 
@@ -278,27 +277,20 @@ class DialogueDataModule(Seq2SeqDataModule):
 
     def __init__(
         self,
-        source: str = "chitchat",
-        dir: str | None = None,
-        dataset: str | None = None,
-        revision: str | None = None,
-        min_turns: int = 3,
-        context_turns: int = 3,
-        valid_share: float = 0.05,
-        test_share: float = 0.05,
-        vocab_size: int = 8000,
-        model_type: str = "unigram",
-        tokenizer_pairs: int = 200_000,
-        max_tokens: int = 4096,
-        max_len: int = 128,
-        max_eval_len: int = 256,
-        train_size: int | None = None,
-        sort_chunk: int = 100_000,
-        data_seed: int = 0,
-        seed: int = 0,
-        num_workers: int = 0,
-        num_threads: int | None = None,
-        cache_dir: str = "data",
+        source: str,
+        dir: str | None,
+        dataset: str | None,
+        revision: str | None,
+        min_turns: int,
+        context_turns: int,
+        valid_share: float,
+        test_share: float,
+        tokenizer: Mapping[str, Any],
+        batching: Mapping[str, Any],
+        data_seed: int,
+        seed: int,
+        num_workers: int,
+        cache_dir: str,
     ) -> None:
         require_counts("task.data", min_turns=min_turns, context_turns=context_turns)
         if min_turns < 2:
@@ -311,27 +303,10 @@ class DialogueDataModule(Seq2SeqDataModule):
                     f"task.data.{name}={share} must be a share of the conversations in (0, 0.5)"
                 )
         cache = Path(cache_dir).expanduser().resolve()
+        super().__init__(
+            ("context", "response"), tokenizer, batching, cache, data_seed, seed, num_workers,
+            user_symbols=SPEAKERS, cut_sources=True,
+        )  # fmt: skip
         read = read_conversations(source, dir, dataset, revision, cache)
         shares = (valid_share, test_share)
-        corpus = DialogueCorpus(read, min_turns, context_turns, shares, data_seed)
-        super().__init__(
-            corpus,
-            ("context", "response"),
-            TokenizerSettings(vocab_size, model_type, 1.0, SPEAKERS),
-            True,
-            tokenizer_pairs,
-            Batching(
-                max_tokens,
-                max_len,
-                None,
-                max_eval_len,
-                train_size,
-                sort_chunk,
-                cut_sources=True,
-                data_seed=data_seed,
-            ),
-            cache,
-            seed,
-            num_workers,
-            num_threads,
-        )
+        self.corpus = DialogueCorpus(read, min_turns, context_turns, shares, data_seed)

@@ -19,7 +19,7 @@ Tokenizers, token caches and batching are the sequence-to-sequence data layer's
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,9 @@ import numpy as np
 from attnlab.data.corpus import Corpus, Pair
 from attnlab.data.digest import file_digest
 from attnlab.data.hub import HUB_BATCH, HUB_SPLIT_NAMES, load_hub
-from attnlab.data.seq2seq import Batching, Seq2SeqDataModule
+from attnlab.data.seq2seq import Seq2SeqDataModule
 from attnlab.data.text import count_lines, read_lines
 from attnlab.settings import ConfigError
-from attnlab.tokenizer import TokenizerSettings
 
 SOURCES = ("hub", "local")
 
@@ -283,56 +282,29 @@ class TranslationDataModule(Seq2SeqDataModule):
 
     def __init__(
         self,
-        source: str = "hub",
-        dir: str | None = None,
-        dataset: str | None = None,
-        subset: str | None = None,
-        revision: str | None = None,
-        src_lang: str = "en",
-        tgt_lang: str = "de",
-        vocab_size: int = 8000,
-        model_type: str = "unigram",
-        joint_vocab: bool = True,
-        character_coverage: float = 1.0,
-        tokenizer_pairs: int = 500_000,
-        max_tokens: int = 4096,
-        max_len: int = 256,
-        max_len_ratio: float = 3.0,
-        max_eval_len: int = 1024,
-        train_size: int | None = None,
-        sort_chunk: int = 100_000,
-        data_seed: int = 0,
-        seed: int = 0,
-        num_workers: int = 0,
-        num_threads: int | None = None,
-        cache_dir: str = "data",
-        test_src: str | None = None,
-        test_tgt: str | None = None,
+        source: str,
+        dir: str | None,
+        dataset: str | None,
+        subset: str | None,
+        revision: str | None,
+        src_lang: str,
+        tgt_lang: str,
+        tokenizer: Mapping[str, Any],
+        batching: Mapping[str, Any],
+        data_seed: int,
+        seed: int,
+        num_workers: int,
+        cache_dir: str,
+        test_src: str | None,
+        test_tgt: str | None,
     ) -> None:
         if src_lang == tgt_lang:
             raise ConfigError(f"task.data.src_lang and tgt_lang are both {src_lang!r}")
         cache = Path(cache_dir).expanduser().resolve()
-        corpus = make_corpus(
+        super().__init__(
+            (src_lang, tgt_lang), tokenizer, batching, cache, data_seed, seed, num_workers,
+        )  # fmt: skip
+        self.corpus = make_corpus(
             source, dir, dataset, subset, revision, (src_lang, tgt_lang), cache,
             (test_src, test_tgt),
         )  # fmt: skip
-        super().__init__(
-            corpus,
-            (src_lang, tgt_lang),
-            TokenizerSettings(vocab_size, model_type, character_coverage),
-            joint_vocab,
-            tokenizer_pairs,
-            Batching(
-                max_tokens,
-                max_len,
-                max_len_ratio,
-                max_eval_len,
-                train_size,
-                sort_chunk,
-                data_seed=data_seed,
-            ),
-            cache,
-            seed,
-            num_workers,
-            num_threads,
-        )

@@ -1,12 +1,6 @@
 """Token-budget batches: length filters, length-bucketed order, batches of at most
-`max_tokens` padded tokens, their DDP-aware sampler, and the batch contract (`collate`).
-
-The batch contract, a dict:
-  "src"   LongTensor [B, S]: source ids then EOS, right-padded with PAD_ID (0);
-  "tgt"   LongTensor [B, T]: BOS, target ids, EOS, right-padded with PAD_ID;
-  "ref"   list[str]: the raw target texts (whitespace-stripped), for the metrics;
-  "index" LongTensor [B]: each pair's 0-based index (line) in its split, which gives back
-          the corpus order; dropped empty pairs leave gaps.
+`max_tokens` padded tokens, their DDP-aware sampler, and the batch (`collate`: a
+PairBatch, declared in attnlab.data.task). Dropped empty pairs leave gaps in its `index`.
 
 Distributed data parallel: the batch sampler is a DistributedSampler, so Lightning keeps it
 whatever `trainer.use_distributed_sampler` says and calls its `set_epoch`. It deals batches
@@ -18,7 +12,6 @@ once, never repeated as padding.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +19,7 @@ from torch.utils.data import Dataset
 
 from attnlab.data.cache import Example, SplitData
 from attnlab.data.loader import ResumableSampler
+from attnlab.data.task import PairBatch
 from attnlab.settings import ConfigError
 from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -176,8 +170,8 @@ class PairDataset(Dataset):
         return np.minimum(self.data.tgt_lengths()[self.rows], self.cut or np.iinfo(np.int64).max)
 
 
-def collate(examples: list[Example]) -> dict[str, Any]:
-    """The batch contract of the module docstring."""
+def collate(examples: list[Example]) -> PairBatch:
+    """The pairs' batch: ids with their specials, PAD_ID-padded."""
     src = torch.full((len(examples), max(len(e.src) for e in examples) + 1), PAD_ID)
     tgt = torch.full((len(examples), max(len(e.tgt) for e in examples) + 2), PAD_ID)
     for row, example in enumerate(examples):

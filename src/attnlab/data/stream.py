@@ -40,6 +40,7 @@ from torch.utils.data import Dataset
 
 from attnlab.data.cache import ids_dtype
 from attnlab.data.loader import ResumableSampler
+from attnlab.data.task import WindowBatch
 from attnlab.settings import ConfigError
 from attnlab.tokenizer import EOS_ID, UNK_ID, Tokenizer, build_once, cache_key
 
@@ -289,7 +290,7 @@ class EvalWindows(Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, positions: list[int]) -> dict[str, Any]:
+    def __getitem__(self, positions: list[int]) -> WindowBatch:
         rows = self.rows[positions]
         ids = self.stream.ids
         tokens = np.stack([ids[start : end + 1] for start, end, *_ in rows]).astype(np.int64)

@@ -1,13 +1,68 @@
 """The contract between a task's data and everything that uses it (train.py, eval.py, the
-task's system): what they may ask of a task's LightningDataModule, and nothing else."""
+task's system): what they may ask of a task's LightningDataModule, and the batch it gives
+each kind of system (B examples, right-padded)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import lightning as L
+from torch import Tensor
 
 IGNORE = -100  # a target excluded from losses and metrics (padding, markers): torch's default
+
+
+class TaggedBatch(TypedDict):
+    """TaggerSystem's (the position probe): a class for each token."""
+
+    tokens: Tensor  # [B, T] ids, padded
+    targets: Tensor  # [B, T] each token's class; IGNORE at markers and padding
+    padding: Tensor  # [B, T] True at padding
+
+
+class PairBatch(TypedDict):
+    """Seq2SeqSystem's (translation, dialogue): source and target ids, PAD_ID-padded."""
+
+    src: Tensor  # [B, S] source ids, then EOS
+    tgt: Tensor  # [B, T] BOS, target ids, EOS
+    ref: list[str]  # the raw target texts (whitespace-stripped), for the metrics
+    index: Tensor  # [B] each pair's 0-based line in its split: the corpus order
+
+
+class AnswerBatch(TypedDict):
+    """SyntheticSystem's (the length-generalization tasks): what both layouts hold."""
+
+    answers: Tensor  # [B, A] each output, then EOS, IGNORE-padded: what is scored
+    lengths: Tensor  # [B] each input's length, in the task's measure
+    buckets: Tensor  # [B] each example's test bucket (0 at validation)
+
+
+class DecoderAnswerBatch(AnswerBatch):
+    """task.arch=decoder: one sequence `input SEP output EOS` a row."""
+
+    tokens: Tensor  # [B, T] the sequences, PAD-padded
+    targets: Tensor  # [B, T-1] the next token where it is the answer's, else IGNORE
+    prompt: Tensor  # [B] len(input) + 1: where the answer starts
+
+
+class EncoderDecoderAnswerBatch(AnswerBatch):
+    """task.arch=encoder_decoder: the input to the encoder, SEP then the output to the decoder."""
+
+    src: Tensor  # [B, S] the inputs, PAD-padded
+    tgt: Tensor  # [B, A] SEP, then the output
+
+
+class WindowBatch(TypedDict):
+    """LMSystem's at evaluation (training batches are the windows alone, [B, L+1] ids): windows
+    of one length and mode."""
+
+    tokens: Tensor  # [B, L+1] the window's ids; position i predicts i+1
+    first: Tensor  # [B] the first position scored in each window
+    length: int  # the evaluation length L
+    mode: str  # "ppl" (non-overlapping windows) | "ppl_sliding"
+
+
+SyntheticBatch = DecoderAnswerBatch | EncoderDecoderAnswerBatch  # by task.arch
 
 
 class TaskData(L.LightningDataModule):

@@ -31,7 +31,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from attnlab.data.stream import TOKENIZER_KEY, StreamTokenizer, restore_tokenizer
-from attnlab.data.task import TaskData
+from attnlab.data.task import TaskData, WindowBatch
 from attnlab.decoding import DecodeConfig
 from attnlab.generation import continuations
 from attnlab.model.architecture import Architecture
@@ -75,7 +75,7 @@ class LMSystem(System):
 
     # the contract (attnlab.systems.base)
 
-    def attention_maps(self, batch: Any) -> dict[str, Tensor]:
+    def attention_maps(self, batch: Tensor | WindowBatch) -> dict[str, Tensor]:
         tokens = self.inputs(batch)[:1].to(self.device)
         maps = attention_maps(self.net, lambda: self.net(tokens))
         return {name: weights[0] for name, weights in maps.items()}
@@ -91,14 +91,14 @@ class LMSystem(System):
             )  # fmt: skip
 
     @staticmethod
-    def inputs(batch: Any) -> Tensor:
+    def inputs(batch: Tensor | WindowBatch) -> Tensor:
         tokens = batch["tokens"] if isinstance(batch, dict) else batch
         return tokens[:, :-1]
 
-    def batch_tokens(self, batch: Any) -> int:
+    def batch_tokens(self, batch: Tensor | WindowBatch) -> int:
         return self.inputs(batch).numel()
 
-    def batch_examples(self, batch: Any) -> int:
+    def batch_examples(self, batch: Tensor | WindowBatch) -> int:
         return self.inputs(batch).shape[0]
 
     # training and evaluation
@@ -115,7 +115,7 @@ class LMSystem(System):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def _accumulate(self, batch: dict[str, Any]) -> None:
+    def _accumulate(self, batch: WindowBatch) -> None:
         nll = self.token_nll(batch["tokens"]).double()
         position = torch.arange(nll.shape[1], device=nll.device)
         scored = position[None, :] >= batch["first"][:, None]
@@ -127,10 +127,10 @@ class LMSystem(System):
             per[0, : nll.shape[1]] += (nll * scored).sum(0)
             per[1, : nll.shape[1]] += scored.sum(0)
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+    def validation_step(self, batch: WindowBatch, batch_idx: int) -> None:
         self._accumulate(batch)
 
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+    def test_step(self, batch: WindowBatch, batch_idx: int) -> None:
         self._accumulate(batch)
 
     def _reduced(self) -> tuple[dict[tuple[str, int], Tensor], dict[int, Tensor]]:

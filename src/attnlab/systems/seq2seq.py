@@ -25,7 +25,7 @@ from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from attnlab.data.task import TaskData
+from attnlab.data.task import PairBatch, TaskData
 from attnlab.decoding import DecodeConfig, generate
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
@@ -94,7 +94,7 @@ class Seq2SeqSystem(System):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "sacrebleu": signatures(self.scores)}
 
-    def attention_maps(self, batch: dict) -> dict[str, Tensor]:
+    def attention_maps(self, batch: PairBatch) -> dict[str, Tensor]:
         src_length = (batch["src"] != self.pad_id).sum(-1)
         row = int(src_length.argmax())
         src = batch["src"][row : row + 1, : int(src_length[row])].to(self.device)
@@ -107,16 +107,16 @@ class Seq2SeqSystem(System):
         self.net.encoder.check_length(data.max_seq_len)
         self.net.decoder.check_length(data.max_seq_len, data.max_seq_len)
 
-    def batch_tokens(self, batch: dict[str, Tensor]) -> int:
+    def batch_tokens(self, batch: PairBatch) -> int:
         # each source with its EOS, and the decoder's input (teacher forcing: all but the last
         # column, so BOS, the target, and the EOS of rows shorter than the longest)
         src, read = batch["src"], batch["tgt"][:, :-1]
         return int((src != self.pad_id).sum() + (read != self.pad_id).sum())
 
-    def batch_examples(self, batch: dict[str, Tensor]) -> int:
+    def batch_examples(self, batch: PairBatch) -> int:
         return batch["src"].shape[0]
 
-    def logits(self, batch: dict[str, Tensor]) -> Tensor:
+    def logits(self, batch: PairBatch) -> Tensor:
         src, tgt = batch["src"], batch["tgt"]
         return self.net(src, src == self.pad_id, tgt[:, :-1])
 
@@ -126,13 +126,13 @@ class Seq2SeqSystem(System):
             flat, tgt[:, 1:].flatten(), ignore_index=self.pad_id, label_smoothing=smoothing
         )
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: PairBatch, batch_idx: int) -> Tensor:
         loss = self.loss(self.logits(batch), batch["tgt"], self.label_smoothing)
         tokens = int((batch["tgt"][:, 1:] != self.pad_id).sum())
         self.log("train/loss", loss, prog_bar=True, batch_size=tokens)
         return loss
 
-    def _evaluate(self, batch: dict, stage: str) -> None:
+    def _evaluate(self, batch: PairBatch, stage: str) -> None:
         logits, tgt = self.logits(batch), batch["tgt"]
         tokens = int((tgt[:, 1:] != self.pad_id).sum())
         loss = self.loss(logits, tgt, self.label_smoothing)
@@ -157,14 +157,14 @@ class Seq2SeqSystem(System):
         indices = batch["index"][rows].tolist()
         self.hypotheses += zip(indices, sources, references, hypotheses, strict=True)
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
+    def validation_step(self, batch: PairBatch, batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
     def on_test_epoch_start(self) -> None:
         seed = self.decode_config.seed + self.global_rank  # each rank samples its own pairs
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
-    def test_step(self, batch: dict, batch_idx: int) -> None:
+    def test_step(self, batch: PairBatch, batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
     def _finish(self, stage: str) -> None:

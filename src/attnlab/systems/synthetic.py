@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.data.task import IGNORE, TaskData
+from attnlab.data.task import IGNORE, SyntheticBatch, TaskData
 from attnlab.decoding import Decoder
 from attnlab.generation import continue_text
 from attnlab.model.architecture import Architecture
@@ -41,7 +41,7 @@ def greedy(log_probs: Tensor) -> Tensor:
 
 @torch.no_grad()
 def decoded_answers(
-    net: DecoderLM | EncoderDecoder, batch: dict[str, Tensor], specials: Specials
+    net: DecoderLM | EncoderDecoder, batch: SyntheticBatch, specials: Specials
 ) -> Tensor:
     """Greedy tokens [B, A] after each example's input, A the batch's longest answer."""
     steps = batch["answers"].shape[1]
@@ -111,7 +111,7 @@ class SyntheticSystem(System):
 
     # the contract (attnlab.systems.base)
 
-    def attention_maps(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    def attention_maps(self, batch: SyntheticBatch) -> dict[str, Tensor]:
         row = int(batch["lengths"].argmax())
         one = {key: value[row : row + 1].to(self.device) for key, value in batch.items()}
         maps = attention_maps(self.net, lambda: self.logits(self.trimmed(one)))
@@ -126,18 +126,18 @@ class SyntheticSystem(System):
         ends = data.bucket_ends  # type: ignore[attr-defined]
         self.bucket_ends = {stage: ends(split) for stage, split in SPLITS.items()}
 
-    def batch_tokens(self, batch: dict[str, Tensor]) -> int:
+    def batch_tokens(self, batch: SyntheticBatch) -> int:
         if "tokens" in batch:
             return int((batch["tokens"][:, :-1] != self.specials.pad).sum())
         pad = self.specials.pad
         return int((batch["src"] != pad).sum() + (batch["tgt"] != pad).sum())
 
-    def batch_examples(self, batch: dict[str, Tensor]) -> int:
+    def batch_examples(self, batch: SyntheticBatch) -> int:
         return batch["answers"].shape[0]
 
     # training and evaluation
 
-    def trimmed(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    def trimmed(self, batch: SyntheticBatch) -> dict[str, Tensor]:
         """One example's batch without its padding."""
         pad = self.specials.pad
         if "tokens" in batch:
@@ -147,7 +147,7 @@ class SyntheticSystem(System):
         answer = int((batch["answers"] != IGNORE).sum())
         return {"src": batch["src"][:, :keep], "tgt": batch["tgt"][:, :answer]}
 
-    def logits(self, batch: dict[str, Tensor]) -> Tensor:
+    def logits(self, batch: SyntheticBatch) -> Tensor:
         """Next-token logits: at each position of `input SEP output` (decoder), or of `SEP
         output` (encoder_decoder)."""
         if "tokens" in batch:
@@ -155,7 +155,7 @@ class SyntheticSystem(System):
         src = batch["src"]
         return self.net(src, src == self.specials.pad, batch["tgt"])
 
-    def token_nll(self, batch: dict[str, Tensor]) -> Tensor:
+    def token_nll(self, batch: SyntheticBatch) -> Tensor:
         """The loss [B, T] of each answer token (0 elsewhere)."""
         targets = batch["targets"] if "tokens" in batch else batch["answers"]
         logits = self.logits(batch)
@@ -165,14 +165,14 @@ class SyntheticSystem(System):
         )
         return flat.view(targets.shape)
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: SyntheticBatch, batch_idx: int) -> Tensor:
         nll = self.token_nll(batch)
         answer_tokens = (batch["answers"] != IGNORE).sum()
         loss = nll.sum() / answer_tokens
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["answers"].shape[0])
         return loss
 
-    def _evaluate(self, batch: dict[str, Tensor], stage: str) -> None:
+    def _evaluate(self, batch: SyntheticBatch, stage: str) -> None:
         nll = self.token_nll(batch).double().sum(-1)
         decoded = decoded_answers(self.net, batch, self.specials)
         exact, right, scored = answer_scores(decoded, batch["answers"])
@@ -182,10 +182,10 @@ class SyntheticSystem(System):
             self.tallies = nll.new_zeros(len(self.bucket_ends[stage]), len(TALLIES))
         self.tallies.index_add_(0, batch["buckets"], rows)
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: SyntheticBatch, batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: SyntheticBatch, batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
     def _finish(self, stage: str) -> None:

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from attnlab.data.task import IGNORE, TaskData
+from attnlab.data.task import IGNORE, TaggedBatch, TaskData
 from attnlab.metrics import AccuracyByPosition
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
@@ -61,7 +61,7 @@ class TaggerSystem(System):
         model, attention = architecture.model, architecture.attention
         return Tagger(model, attention, vocab_size, num_classes, causal)
 
-    def _step(self, batch: dict[str, Tensor], stage: str) -> Tensor:
+    def _step(self, batch: TaggedBatch, stage: str) -> Tensor:
         logits = self.net(batch["tokens"], batch["padding"])
         targets = batch["targets"]
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
@@ -86,7 +86,7 @@ class TaggerSystem(System):
                 self.log(f"{stage}/acc_pos/{position}", value, sync_dist=True)  # equal on all ranks
         accuracy.reset()
 
-    def attention_maps(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    def attention_maps(self, batch: TaggedBatch) -> dict[str, Tensor]:
         visible = ~batch["padding"]
         row = int(visible.sum(-1).argmax())
         tokens = batch["tokens"][row : row + 1, visible[row]].to(self.device)
@@ -104,19 +104,19 @@ class TaggerSystem(System):
                 f"task.data.eval_max_len={needed} so that its output covers them"
             )
 
-    def batch_tokens(self, batch: dict[str, Tensor]) -> int:
+    def batch_tokens(self, batch: TaggedBatch) -> int:
         return int((~batch["padding"]).sum())
 
-    def batch_examples(self, batch: dict[str, Tensor]) -> int:
+    def batch_examples(self, batch: TaggedBatch) -> int:
         return batch["padding"].shape[0]
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: TaggedBatch, batch_idx: int) -> Tensor:
         return self._step(batch, "train")
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: TaggedBatch, batch_idx: int) -> None:
         self._step(batch, "val")
 
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: TaggedBatch, batch_idx: int) -> None:
         self._step(batch, "test")
 
     def on_validation_epoch_end(self) -> None:

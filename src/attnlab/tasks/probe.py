@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from attnlab.data.loader import ResumableLoader, ResumableSampler
-from attnlab.data.task import IGNORE, TaskData
+from attnlab.data.task import IGNORE, TaggedBatch, TaskData
 from attnlab.settings import ConfigError, require_counts
 
 PAD, ZERO, CLS, SEP = 0, 1, 2, 3
@@ -35,7 +35,7 @@ def probe_example(length: int, markers: bool) -> tuple[Tensor, Tensor]:
     return tokens, targets
 
 
-def collate(batch: list[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
+def collate(batch: list[tuple[Tensor, Tensor]]) -> TaggedBatch:
     tokens = torch.nn.utils.rnn.pad_sequence([t for t, _ in batch], True, PAD)
     targets = torch.nn.utils.rnn.pad_sequence([y for _, y in batch], True, IGNORE)
     return {"tokens": tokens, "targets": targets, "padding": tokens == PAD}

@@ -24,12 +24,11 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
-from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.loader import ResumableLoader, ResumableSampler
-from attnlab.data.task import IGNORE, TaskData
+from attnlab.data.task import IGNORE, SyntheticBatch, TaskData
 from attnlab.settings import ConfigError, build, is_count, require_counts
 
 OPTIONS = "task.data.generator"  # where a generator's options sit, for error messages
@@ -127,15 +126,10 @@ class TrainExamples(Dataset):
         return drawn(self.generator, self.lengths, 1, f"train:{self.seed}:{index}", 0)[0]
 
 
-def collate(items: list[Item], specials: Specials, arch: str) -> dict[str, Tensor]:
-    """A batch for `arch`, with `answers` [B, A]: each output then EOS, IGNORE-padded (what
-    the loss, exact match and token accuracy score), `lengths` and `buckets` [B].
-
-    decoder: `tokens` [B, T], each `input SEP output EOS` right-padded with PAD (a causal
-    stack never reads the padding of a row from its real tokens), `targets` [B, T−1] the
-    next tokens where they are the answer's, else IGNORE, `prompt` [B] len(input) + 1.
-    encoder_decoder: `src` [B, S] the inputs PAD-padded, `tgt` [B, A] SEP then the output.
-    """
+def collate(items: list[Item], specials: Specials, arch: str) -> SyntheticBatch:
+    """A batch for `arch` (DecoderAnswerBatch or EncoderDecoderAnswerBatch). A decoder's
+    rows are right-padded: a causal stack never reads the padding of a row from its real
+    tokens."""
     rows = len(items)
     answers = torch.full((rows, max(len(i.output) for i in items) + 1), IGNORE)
     for row, item in enumerate(items):
@@ -175,7 +169,7 @@ class Batches(Dataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, positions: list[int]) -> dict[str, Tensor]:
+    def __getitem__(self, positions: list[int]) -> SyntheticBatch:
         return collate([self.items[p] for p in positions], self.specials, self.arch)
 
 

@@ -15,7 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.attention.core import AttentionParts
 from attnlab.options import CONF_DIR, causal_only, options, shrink, variant
@@ -48,15 +48,20 @@ TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nS
 SHAPE = StackShape(d_model=16, n_heads=2, head_dim=8, value_dim=8, n_layers=2, causal=False)
 
 
-def task_data(task: str, cache: Path, **settings: Any) -> Any:
-    """The datamodule of `task` built from its real YAML (task.data), caching under `cache`;
-    each of `settings` replaces the node's key of that name, or the key of that name in one
-    of its nodes (tokenizer, batching) when it lives there."""
-    node = variant("task", task, f"data.cache_dir={cache}")["data"]
+def task_data(task: str, cache: Path | None = None, **settings: Any) -> Any:
+    """The datamodule of `task` built from its real YAML (task.data), caching under `cache`
+    (for tasks with a cache); each of `settings` replaces the node's key of that name, or the
+    key of that name in one of its nodes (tokenizer, batching) when it lives there."""
+    node = variant("task", task, *([f"data.cache_dir={cache}"] if cache else []))["data"]
     for name, value in settings.items():
         holders = [child for child in node.values() if isinstance(child, dict) and name in child]
         (holders[0] if name not in node and holders else node)[name] = value
     return build(node)
+
+
+def decode_node(**options: Any) -> dict[str, Any]:
+    """conf/train.yaml's decode node, with `options` over it."""
+    return {**OmegaConf.to_container(OmegaConf.load(CONF_DIR / "train.yaml"))["decode"], **options}
 
 
 def compose_config(

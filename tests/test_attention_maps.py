@@ -10,11 +10,11 @@ from helpers import SHAPE, every_combination, make_parts, refused_unless, small_
 
 from attnlab.attention.core import Compute, attend, attention_weights
 from attnlab.model.architecture import AttentionConfig, ModelConfig
-from attnlab.model.gau import GAU
 from attnlab.model.maps import attention_maps
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger
-from attnlab.options import options
+from attnlab.options import options, variant
+from attnlab.settings import build
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,9 @@ def spec(pe: str = "rope", norm: str = "softmax") -> AttentionConfig:
 
 
 @pytest.mark.parametrize(
-    "block,heads", [(Standard(), 2), (GAU(qk_dim=8), 1)], ids=["standard", "gau"]
+    "block,heads",
+    [(Standard(), 2), (build(variant("block", "gau", "qk_dim=8")), 1)],
+    ids=["standard", "gau"],
 )
 def test_a_causal_stack_has_one_map_per_layer_with_nothing_above_the_diagonal(block, heads):
     model = Tagger(model_config(block=block, n_heads=heads), spec(), 5, 4, causal=True).eval()

@@ -235,3 +235,23 @@ def test_kernels_and_initialization_are_not_the_model(make_config):
     stored["model"]["d_model"] = 2 * config["model"]["d_model"]
     with pytest.raises(ConfigError, match=r"model\.d_model="):
         check_same_model(config, stored, "eval.py")
+
+
+def test_a_translation_run_recorded_before_the_data_nodes_resumes_in_todays_spelling():
+    from attnlab.runner.resume import respelled
+
+    old = ["task.data.max_tokens=2048", "++task.data.tokenizer_pairs=10", "pe=rope", "seed=2"]
+    new = [
+        "task.data.batching.max_tokens=2048",
+        "++task.data.tokenizer.pairs=10",
+        "pe=rope",
+        "seed=2",
+    ]
+    data = {"_target_": "attnlab.tasks.translation.TranslationDataModule", "max_tokens": 2048}
+    assert respelled(old, {"task": {"data": data}}) == new
+    today = {**data, "batching": {"max_tokens": 2048}}
+    assert respelled(new, {"task": {"data": today}}) == new
+    probe = {"_target_": "attnlab.tasks.probe.ProbeDataModule", "train_size": 64}
+    assert respelled(["task.data.train_size=64"], {"task": {"data": probe}}) == [
+        "task.data.train_size=64"
+    ]

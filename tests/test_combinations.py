@@ -19,11 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.model.architecture import AttentionConfig, ModelConfig
-from attnlab.model.gau import GAU
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger
-from attnlab.options import causal_only, options
-from attnlab.settings import ConfigError
+from attnlab.options import causal_only, options, variant
+from attnlab.settings import ConfigError, build
 
 COMBINATIONS = every_combination(options("pe"), options("norm"), options("synthesizer"))
 # decoding twice (with and without the cache) costs more: `make test` meets every value once
@@ -31,7 +30,7 @@ EACH_VALUE = every_combination(options("pe"), options("norm"), options("synthesi
 VOCAB, LENGTH = 11, 9
 EMBEDDING_ONLY = ("none", "learned", "sinusoidal")  # no hook inside attention
 
-BLOCKS = {"standard": Standard(), "gau": GAU(qk_dim=8)}
+BLOCKS = {"standard": Standard(), "gau": build(variant("block", "gau", "qk_dim=8"))}
 
 
 def attention(pe: str, norm: str, synthesizer: str) -> AttentionConfig:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, compose_config
+from helpers import ROOT, compose_config, task_data
 from hydra.core.hydra_config import HydraConfig
 
 from attnlab.options import COMPOSED_ALONE, options, variant
@@ -139,12 +139,14 @@ def test_scoring_more_probe_positions_than_the_model_predicts_is_one_sentence():
         "synthesizer": variant("synthesizer", "dot"),
     }  # fmt: skip
     assert set(architecture) == set(ARCHITECTURE)
-    system = TaggerSystem(architecture, {}, ProbeDataModule.vocab_size, num_classes=16)
-    system.check_lengths(ProbeDataModule(max_len=16, eval_max_len=16))
+    system = TaggerSystem(
+        architecture, {}, ProbeDataModule.vocab_size, num_classes=16, causal=False
+    )
+    system.check_lengths(task_data("probe", max_len=16, eval_max_len=16))
     with pytest.raises(
         ConfigError, match=r"positions up to 32 but the model predicts positions 1\.\.16"
     ):
-        system.check_lengths(ProbeDataModule(max_len=16, eval_max_len=32))
+        system.check_lengths(task_data("probe", max_len=16, eval_max_len=32))
 
 
 @pytest.mark.slow
@@ -171,3 +173,45 @@ def test_the_model_settings_python_falls_back_on_are_the_yamls():
         if f.name != "block"
     }
     assert defaults == {name: yaml[name] for name in defaults}
+
+
+def targets(node: object, where: str) -> list[tuple[str, dict]]:
+    """Every node under `node` that names an attnlab class, with where it sits."""
+    if not isinstance(node, dict):
+        return []
+    found = [(where, node)] if str(node.get("_target_", "")).startswith("attnlab.") else []
+    for key, child in node.items():
+        found += targets(child, f"{where}.{key}")
+    return found
+
+
+def yaml_nodes() -> list[tuple[str, dict]]:
+    """The attnlab nodes of every YAML under conf/, as written (interpolations unresolved)."""
+    from omegaconf import OmegaConf
+
+    from attnlab.options import CONF_DIR
+
+    found = []
+    for path in sorted(CONF_DIR.rglob("*.yaml")):
+        written = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        found += targets(written, str(path.relative_to(CONF_DIR)))
+    return found
+
+
+def test_defaults_live_in_the_yaml_alone():
+    """No class of attnlab's repeats, as a Python default, a value its YAML sets: the two
+    would drift. (A class that keeps a library's constructor keeps the library's defaults.)"""
+    import inspect
+
+    from attnlab.settings import own_class
+
+    nodes = [(where, node, own_class(node["_target_"])) for where, node in yaml_nodes()]
+    assert len(nodes) > 60, "the walk finds the variants, tasks, systems and callbacks"
+    repeated = [
+        f"{where}.{key} ({node['_target_']})"
+        for where, node, cls in nodes
+        if next(c for c in cls.__mro__ if "__init__" in vars(c)).__module__.startswith("attnlab.")
+        for key, parameter in inspect.signature(cls).parameters.items()
+        if key in node and parameter.default is not inspect.Parameter.empty
+    ]
+    assert not repeated, f"Python defaults beside the YAML's: {repeated}"

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from helpers import small_variant
+from helpers import decode_node, small_variant
 from torch.overrides import TorchFunctionMode
 
 from attnlab.decoding import (
@@ -111,7 +111,7 @@ def test_a_beam_as_wide_as_every_hypothesis_is_exhaustive_search(alpha):
 
 def test_hypotheses_respect_the_length_limit_and_a_length_bound_pe():
     src, padding = batch()
-    config = DecodeConfig(max_len_a=3.0, max_len_b=50)
+    config = DecodeConfig(**decode_node(max_len_a=3.0, max_len_b=50))
     bounded = model("learned")  # small_variant caps learned positions at 16
     runs = [
         ("greedy", 1, None),
@@ -139,7 +139,7 @@ def test_no_repeat_ngram_bans_exactly_the_tokens_that_would_repeat_an_ngram():
 @pytest.mark.parametrize("strategy", ["greedy", "beam", "top_k", "nucleus"])
 def test_no_strategy_repeats_an_ngram_when_told_not_to(strategy):
     net, (src, padding) = model(), batch()
-    config = DecodeConfig(max_len_a=0.0, max_len_b=40, no_repeat_ngram=2, top_k=3)
+    config = DecodeConfig(**decode_node(max_len_a=0.0, max_len_b=40, no_repeat_ngram=2, top_k=3))
     generator = torch.Generator().manual_seed(0)
     for hypothesis in generate(net, src, padding, BOS, EOS, config, strategy, 2, generator):
         pairs = list(itertools.pairwise(hypothesis))
@@ -166,7 +166,7 @@ def test_top_k_never_samples_outside_the_k_likeliest():
 
 def test_sampling_is_reproducible_with_its_seed():
     net, (src, padding) = model(), batch()
-    config = DecodeConfig(max_len_a=0.0, max_len_b=12, top_p=0.95, temperature=2.0)
+    config = DecodeConfig(**decode_node(max_len_a=0.0, max_len_b=12, top_p=0.95, temperature=2.0))
 
     def sample(seed: int) -> list[list[int]]:
         generator = torch.Generator().manual_seed(seed)

@@ -15,9 +15,8 @@ from attnlab.options import variant
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_gau_block_computes_u_times_attention_of_v_with_shared_z(causal):
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        d_model=16, n_heads=1, n_layers=1, block=GAU(qk_dim=8), dropout=0.0, init_std=0.3
-    )
+    gau = GAU(qk_dim=8, expansion=2)  # s = 8, e = 2d
+    cfg = ModelConfig(d_model=16, n_heads=1, n_layers=1, block=gau, dropout=0.0, init_std=0.3)
     spec = AttentionConfig(
         variant("pe", "none"), variant("norm", "relu2"), variant("synthesizer", "dot")
     )

@@ -16,7 +16,7 @@ import huggingface_hub
 import numpy as np
 import pytest
 import torch
-from helpers import CAUSAL_PES, REPEATABLE, ROOT, SHARED_DATA, TEXT
+from helpers import CAUSAL_PES, REPEATABLE, ROOT, SHARED_DATA, TEXT, task_data
 
 from attnlab.data.stream import (
     EOS_ID,
@@ -32,7 +32,6 @@ from attnlab.model.transformer import DecoderLM
 from attnlab.runner.run import build_system
 from attnlab.runner.train import train
 from attnlab.settings import ARCHITECTURE, ConfigError, build
-from attnlab.tasks.lm import LMDataModule
 
 
 def write_splits(directory, train=TEXT, valid=TEXT, test=TEXT):
@@ -95,8 +94,8 @@ def test_the_char_tokenizer_maps_unseen_characters_to_one_unknown_symbol(tmp_pat
     assert tokenizer.encode("abz").tolist() == [4, 5, UNK_ID]
     assert tokenizer.decode(tokenizer.encode("cab")) == "cab"
     directory = write_splits(tmp_path / "text", train="abc\n" * 10, valid="abz\nzz\n", test=None)
-    data = LMDataModule(source="local", dir=str(directory), tokenizer="char", block_size=4,
-                        cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    data = task_data("lm", source="local", dir=str(directory), tokenizer="char", block_size=4,
+                        cache=tmp_path / "cache")  # fmt: skip
     valid = data.stream("valid")
     assert valid.meta["unknown"] == 3 and int((np.asarray(valid.ids) == UNK_ID).sum()) == 3
     assert "valid: 3 of 7 characters are not in the training split's vocabulary" in caplog.text
@@ -105,8 +104,8 @@ def test_the_char_tokenizer_maps_unseen_characters_to_one_unknown_symbol(tmp_pat
 
 def test_training_windows_are_seeded_slices_of_the_stream_and_resume_in_place(tmp_path):
     directory = write_splits(tmp_path / "text", train=TEXT * 20)
-    data = LMDataModule(source="local", dir=str(directory), tokenizer="char", block_size=8,
-                        batch_size=4, seed=3, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    data = task_data("lm", source="local", dir=str(directory), tokenizer="char", block_size=8,
+                        batch_size=4, seed=3, cache=tmp_path / "cache")  # fmt: skip
     loader = data.train_dataloader()
     ids = torch.as_tensor(np.asarray(data.stream("train").ids, np.int64))
     first = list(loader)
@@ -250,8 +249,8 @@ def test_bad_settings_are_one_sentence(make_config, tmp_path, overrides, expecte
 def test_one_file_splits_as_nanogpt_does(tmp_path):
     path = SHARED_DATA / "tinyshakespeare" / "input.txt"
     text = path.read_text(encoding="utf-8")
-    data = LMDataModule(source="local", file=str(path), tokenizer="char", block_size=64,
-                        cache_dir=str(tmp_path))  # fmt: skip
+    data = task_data("lm", source="local", file=str(path), tokenizer="char", block_size=64,
+                        cache=tmp_path)  # fmt: skip
     n = len(text)
     assert len(data.stream("train")) == int(n * 0.9) and data.tokenizer.vocab_size == 4 + 65
     assert data.tokenizer.decode(data.stream("valid").ids[:50]) == text[int(n * 0.9) :][:50]
@@ -260,8 +259,8 @@ def test_one_file_splits_as_nanogpt_does(tmp_path):
 
 def test_sentencepiece_streams_make_each_line_break_eos_and_decode_back(tmp_path):
     directory = write_splits(tmp_path / "text", train=TEXT * 30)
-    data = LMDataModule(source="local", dir=str(directory), tokenizer="sentencepiece",
-                        vocab_size=40, block_size=8, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    data = task_data("lm", source="local", dir=str(directory), tokenizer="sentencepiece",
+                        vocab_size=40, block_size=8, cache=tmp_path / "cache")  # fmt: skip
     tokenizer = data.tokenizer
     ids = tokenizer.encode(TEXT)
     assert int((ids == EOS_ID).sum()) == TEXT.count("\n")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT, first_then_slow, repeatable
+from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT, decode_node, first_then_slow, repeatable
 
 from attnlab.commands.cli import SAMPLE_RULE, main
 from attnlab.commands.generate import load_language_model, parse_request
@@ -71,7 +71,9 @@ def test_the_cache_changes_no_generated_token(pe, strategy):
     prompts = torch.randint(SPECIALS, VOCAB, (3, 5), generator=torch.Generator().manual_seed(1))
     tokens, log_probs = {}, {}
     for cache in (True, False):
-        pick = picker(DecodeConfig(top_p=0.9), strategy, torch.Generator().manual_seed(7))
+        pick = picker(
+            DecodeConfig(**decode_node(top_p=0.9)), strategy, torch.Generator().manual_seed(7)
+        )
         pick, log_probs[cache] = recorded(pick)
         tokens[cache] = continue_text(net, prompts, 24, pick, cache=cache)
     assert tokens[True].shape == (3, 24)
@@ -91,12 +93,13 @@ def save_lm_checkpoint(
     cfg = make_config(["task=lm", *pe, "model=tiny", "model.dropout=0.0", "model.init_std=0.2",
                        *overrides])  # fmt: skip
     tokenizer = CharTokenizer(TEXT)
+    system_settings = {k: v for k, v in to_dict(cfg.task.system).items() if k != "_target_"}
     hyperparameters = {
+        **system_settings,  # the YAML's, decode included
         "architecture": {group: to_dict(cfg[group]) for group in ARCHITECTURE},
         "optim": to_dict(cfg.task.optim),
         "vocab_size": tokenizer.vocab_size,
         "sample_prompt": "\n",
-        "decode": to_dict(cfg.decode),
     }
     torch.manual_seed(0)
     system = LMSystem(**hyperparameters, tokenizer=tokenizer)

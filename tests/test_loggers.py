@@ -72,3 +72,17 @@ def test_many_writes_csv_wandb_and_tensorboard_for_every_job(tmp_path):
         assert (job / "csv" / "metrics.csv").is_file()
         assert list((job / "wandb").glob("offline-run-*"))
         assert list((job / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("logger", ["tensorboard", "mlflow"])
+def test_a_name_given_on_the_command_line_is_the_runs_name(logger, tmp_path):
+    from attnlab.options import variant
+    from attnlab.settings import build
+
+    where = {"tensorboard": f"save_dir={tmp_path}", "mlflow": f"database={tmp_path / 'ml.db'}"}
+    node = variant("logger", logger, "csv.save_dir=x", f"{logger}.{where[logger]}",
+                   f"{logger}.name=mine", f"{logger}.group=ours", f"{logger}.job_type=probe",
+                   f"{logger}.tags=[]")[logger]  # fmt: skip
+    built = build(node)
+    named = built.run if logger == "tensorboard" else {"name": built._run_name}
+    assert named["name"] == "mine"

@@ -233,6 +233,7 @@ def test_a_system_counts_its_network_and_nothing_else():
         optim={},
         vocab_size=VOCAB,
         num_classes=CLASSES,
+        causal=False,
     )
     assert system.parameter_counts() == parameter_counts(system.net)
     assert system.parameter_counts()["total"] == tagger_total(standard_block(), 512 * D)

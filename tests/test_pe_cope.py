@@ -14,12 +14,11 @@ from helpers import SHAPE, make_parts, small_variant
 
 from attnlab.attention.core import Attention, AttentionParts, Compute, attend
 from attnlab.model.architecture import AttentionConfig, ModelConfig
-from attnlab.model.gau import GAU
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import DecoderLM, attention_mask
 from attnlab.options import variant
 from attnlab.pe.cope import interpolate
-from attnlab.settings import ConfigError
+from attnlab.settings import ConfigError, build
 
 CAUSAL = replace(SHAPE, causal=True)
 LENGTH = 7
@@ -235,7 +234,7 @@ def test_a_decoder_lm_is_causal_and_decodes_the_same_with_the_cache(synthesizer,
     pass. The combination tests reach cached decoding through an encoder-decoder only,
     whose bidirectional encoder CoPE refuses."""
     torch.manual_seed(0)
-    blocks = {"standard": (Standard(), 2), "gau": (GAU(qk_dim=8), 1)}
+    blocks = {"standard": (Standard(), 2), "gau": (build(variant("block", "gau", "qk_dim=8")), 1)}
     kind, heads = blocks[block]
     cfg = ModelConfig(
         kind, d_model=16, n_heads=heads, n_layers=2, d_ff=32, dropout=0.0, init_std=0.2

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from attnlab.attention.core import Attention, KVCache
 from attnlab.model.architecture import AttentionConfig, ModelConfig
-from attnlab.model.gau import GAU
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import (
     DecoderLM,
@@ -171,7 +170,7 @@ def test_a_causal_layer_attends_with_the_closed_form_scores_also_when_decoding(c
 
 def tiny(block: str = "standard", pe: dict | None = None) -> tuple[ModelConfig, AttentionConfig]:
     heads = {"block": Standard(), "n_heads": 2} if block == "standard" else {
-        "block": GAU(qk_dim=8), "n_heads": 1}  # fmt: skip
+        "block": build(variant("block", "gau", "qk_dim=8")), "n_heads": 1}  # fmt: skip
     cfg = ModelConfig(d_model=16, n_layers=2, d_ff=32, dropout=0.0, init_std=0.2, **heads)
     pe = small_variant("pe", "xpos") if pe is None else pe
     return cfg, AttentionConfig(pe, variant("norm", "softmax"), variant("synthesizer", "dot"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnlab.tasks.probe import ProbeDataModule
+from helpers import task_data
 
 
 def lengths(loader) -> list[int]:
@@ -10,7 +10,7 @@ def lengths(loader) -> list[int]:
 
 
 def test_validation_holds_the_training_lengths_and_test_the_eval_lengths():
-    data = ProbeDataModule(max_len=16, eval_min_len=17, eval_max_len=64, train_size=8)
+    data = task_data("probe", max_len=16, eval_min_len=17, eval_max_len=64, train_size=8)
     data.setup()
     assert lengths(data.val_dataloader()) == list(range(1, 17))
     assert lengths(data.test_dataloader()) == list(range(17, 65))
@@ -18,7 +18,7 @@ def test_validation_holds_the_training_lengths_and_test_the_eval_lengths():
 
 
 def test_markers_add_two_unscored_tokens_to_every_split():
-    data = ProbeDataModule(max_len=4, eval_max_len=6, markers=True, train_size=8)
+    data = task_data("probe", max_len=4, eval_max_len=6, markers=True, train_size=8)
     data.setup()
     assert lengths(data.val_dataloader()) == [3, 4, 5, 6]
     assert lengths(data.test_dataloader()) == [3, 4, 5, 6, 7, 8]

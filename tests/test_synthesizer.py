@@ -294,16 +294,19 @@ def test_factors_whose_product_is_not_max_len_raise_a_config_error():
         ("factorized_random", "k=0", "synthesizer.k=0 must be a positive integer"),
         ("mixture", "components=[]", "synthesizer.components is empty"),
         ("mixture", "components=[random]", r"components\[0\]='random' is not a config node"),
-        (
-            "mixture",
-            "components=[{_target_: attnlab.pe.rope.RoPE}]",
-            r"components\[0\] builds RoPE, which is not a Synthesizer",
-        ),
     ],
 )
 def test_bad_options_raise_a_config_error(option, override, message):
     with pytest.raises(ConfigError, match=message):
         build(variant("synthesizer", option, override), shape=SHAPE)
+
+
+def test_a_mixture_component_that_is_no_synthesizer_raises_a_config_error():
+    node = {**variant("synthesizer", "mixture"), "components": [variant("pe", "rope")]}
+    with pytest.raises(
+        ConfigError, match=r"components\[0\] builds RoPE, which is not a Synthesizer"
+    ):
+        build(node, shape=SHAPE)
 
 
 # ---------------------------------------------------------------- inside the attention core

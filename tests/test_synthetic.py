@@ -9,9 +9,10 @@ import itertools
 
 import pytest
 import torch
-from helpers import evaluated
+from helpers import evaluated, task_data
 
 from attnlab.data.task import IGNORE
+from attnlab.options import variant
 from attnlab.runner import run
 from attnlab.runner.train import train
 from attnlab.settings import ConfigError
@@ -29,7 +30,6 @@ from attnlab.tasks.synthetic import (
 
 I = IGNORE  # noqa: E741
 SPECIALS = Specials.after(10)  # PAD 10, SEP 11, EOS 12
-COPY = {"_target_": "attnlab.tasks.copy.Copy"}
 PAIRS = [Item([1, 2], [3], 2, 0), Item([4], [5, 6], 1, 1), Item([7], [8], 1, 0)]
 
 
@@ -86,7 +86,8 @@ def test_test_lengths_fall_into_buckets_named_by_their_longest(first, width, lon
 
 
 def data(**options) -> SyntheticData:
-    return SyntheticData(COPY, **{"train_max_len": 20, "val_size": 16, "test_size": 8, **options})
+    """copy's data from its YAML, trained at lengths 1..20, with small evaluation sets."""
+    return task_data("copy", **{"train_max_len": 20, "val_size": 16, "test_size": 8, **options})
 
 
 def test_evaluation_sets_depend_on_the_test_seed_alone():
@@ -142,16 +143,16 @@ def test_bad_settings_are_one_sentence(options, message):
 
 def test_the_shared_defaults_alone_are_no_task():
     with pytest.raises(ConfigError, match="generator is not set: choose a task"):
-        SyntheticData()
+        task_data("copy", generator=None)
 
 
 def test_a_passkey_shorter_than_its_key_is_refused():
-    passkey = {"_target_": "attnlab.tasks.passkey.Passkey", "key_digits": 5}
+    passkey = {**variant("task", "passkey")["data"]["generator"], "key_digits": 5}
     with pytest.raises(
         ConfigError,
         match="train_min_len=1 must be an integer of at least 7, the shortest example Passkey",
     ):
-        SyntheticData(passkey)
+        task_data("copy", generator=passkey)  # copy's lengths: from 1
 
 
 def validation_accuracy(system, data) -> float:

@@ -8,12 +8,14 @@ import itertools
 import math
 from collections import Counter
 from random import Random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.settings import ConfigError
+from attnlab.options import variant
+from attnlab.settings import ConfigError, own_class
 from attnlab.tasks.addition import PLUS, Addition
 from attnlab.tasks.copy import Copy
 from attnlab.tasks.mqar import FILLER as MQAR_FILLER
@@ -24,20 +26,33 @@ from attnlab.tasks.reverse import Reverse
 from attnlab.tasks.sort import Sort
 from attnlab.tasks.synthetic import Generator
 
+
+def generator(task: str, **options: Any) -> Generator:
+    """The generator of conf/task/<task>.yaml (data.generator) with `options` replaced, made
+    by its class directly, so that the class's own checks meet any bad option."""
+    node = variant("task", task)["data"]["generator"]
+    return own_class(node.pop("_target_"))(**(node | options))
+
+
 TASKS = {  # every task and variant
-    "copy": Copy(),
-    "copy_identical": Copy(alphabet=3, identical=True),
-    "reverse": Reverse(alphabet=4),
-    "sort": Sort(),
-    "addition": Addition(),
-    "addition_reversed": Addition(reverse_digits=True),
+    "copy": generator("copy"),
+    "copy_identical": generator("copy", alphabet=3, identical=True),
+    "reverse": generator("reverse", alphabet=4),
+    "sort": generator("sort"),
+    "addition": generator("addition"),
+    "addition_reversed": generator("addition", reverse_digits=True),
     "parity": Parity(),
-    "mqar": MQAR(vocab_size=64, num_kv_pairs=3),
-    "mqar_scaled": MQAR(
-        vocab_size=256, num_kv_pairs=None, tokens_per_pair=8, power_a=1.0, random_filler=True
+    "mqar": generator("mqar", vocab_size=64, num_kv_pairs=3),
+    "mqar_scaled": generator(
+        "mqar",
+        vocab_size=256,
+        num_kv_pairs=None,
+        tokens_per_pair=8,
+        power_a=1.0,
+        random_filler=True,
     ),
-    "passkey": Passkey(),
-    "passkey_fixed": Passkey(key_digits=3, filler_tokens=2, depth=0.25),
+    "passkey": generator("passkey"),
+    "passkey_fixed": generator("passkey", key_digits=3, filler_tokens=2, depth=0.25),
 }
 
 
@@ -175,25 +190,25 @@ def test_lengths_below_the_minimum_or_fractional_are_refused(name, shift):
 @pytest.mark.parametrize(
     ("make", "option"),
     [
-        (lambda: Copy(alphabet=0), "alphabet"),
-        (lambda: Copy(alphabet=2.0), "alphabet"),
-        (lambda: Copy(identical="yes"), "identical"),
-        (lambda: Reverse(alphabet=0), "alphabet"),
-        (lambda: Sort(alphabet=1), "alphabet"),
-        (lambda: Addition(reverse_digits=1), "reverse_digits"),
-        (lambda: MQAR(num_kv_pairs=0), "num_kv_pairs"),
-        (lambda: MQAR(vocab_size=17, num_kv_pairs=8), "vocab_size"),
-        (lambda: MQAR(num_kv_pairs=None), "tokens_per_pair"),
-        (lambda: MQAR(tokens_per_pair=16), "tokens_per_pair"),
-        (lambda: MQAR(num_kv_pairs=None, tokens_per_pair=3), "tokens_per_pair"),
-        (lambda: MQAR(power_a=0), "power_a"),
-        (lambda: MQAR(power_a=math.nan), "power_a"),
-        (lambda: MQAR(random_filler="no"), "random_filler"),
-        (lambda: Passkey(key_digits=0), "key_digits"),
-        (lambda: Passkey(filler_tokens=0), "filler_tokens"),
-        (lambda: Passkey(depth=1.5), "depth"),
-        (lambda: Passkey(depth=-0.1), "depth"),
-        (lambda: Passkey(depth="middle"), "depth"),
+        (lambda: generator("copy", alphabet=0), "alphabet"),
+        (lambda: generator("copy", alphabet=2.0), "alphabet"),
+        (lambda: generator("copy", identical="yes"), "identical"),
+        (lambda: generator("reverse", alphabet=0), "alphabet"),
+        (lambda: generator("sort", alphabet=1), "alphabet"),
+        (lambda: generator("addition", reverse_digits=1), "reverse_digits"),
+        (lambda: generator("mqar", num_kv_pairs=0), "num_kv_pairs"),
+        (lambda: generator("mqar", vocab_size=17, num_kv_pairs=8), "vocab_size"),
+        (lambda: generator("mqar", num_kv_pairs=None), "tokens_per_pair"),
+        (lambda: generator("mqar", tokens_per_pair=16), "tokens_per_pair"),
+        (lambda: generator("mqar", num_kv_pairs=None, tokens_per_pair=3), "tokens_per_pair"),
+        (lambda: generator("mqar", power_a=0), "power_a"),
+        (lambda: generator("mqar", power_a=math.nan), "power_a"),
+        (lambda: generator("mqar", random_filler="no"), "random_filler"),
+        (lambda: generator("passkey", key_digits=0), "key_digits"),
+        (lambda: generator("passkey", filler_tokens=0), "filler_tokens"),
+        (lambda: generator("passkey", depth=1.5), "depth"),
+        (lambda: generator("passkey", depth=-0.1), "depth"),
+        (lambda: generator("passkey", depth="middle"), "depth"),
     ],
 )
 def test_bad_options_are_refused_in_one_sentence(make, option):
@@ -204,25 +219,29 @@ def test_bad_options_are_refused_in_one_sentence(make, option):
 
 def test_copy_identical_draws_its_symbol_per_example():
     rng = Random(0)
-    assert {Copy(identical=True).example(4, rng)[0][0] for _ in range(200)} == set(range(10))
+    assert {generator("copy", identical=True).example(4, rng)[0][0] for _ in range(200)} == set(
+        range(10)
+    )
 
 
 def test_addition_reversed_digits_mirror_the_default_format():
     for seed in range(20):
-        tokens, total = Addition().example(5, Random(seed))
-        mirrored, mirrored_total = Addition(reverse_digits=True).example(5, Random(seed))
+        tokens, total = generator("addition").example(5, Random(seed))
+        mirrored, mirrored_total = generator("addition", reverse_digits=True).example(
+            5, Random(seed)
+        )
         assert mirrored == [*tokens[:5][::-1], PLUS, *tokens[6:][::-1]]
         assert mirrored_total == total[::-1]
 
 
 def test_addition_carries_into_a_new_digit_about_60_percent_of_the_time():
     rng = Random(0)  # exactly 4860/8100 of the two-digit pairs sum to 100 or more
-    longer = sum(len(Addition().example(2, rng)[1]) == 3 for _ in range(4000))
+    longer = sum(len(generator("addition").example(2, rng)[1]) == 3 for _ in range(4000))
     assert abs(longer / 4000 - 0.6) < 0.04
 
 
 def test_addition_runs_past_pythons_int_string_limit():
-    tokens, total = Addition().example(5000, Random(0))
+    tokens, total = generator("addition").example(5000, Random(0))
     a, b = tokens[:5000], tokens[5001:]
     low = int("".join(map(str, a[-30:]))) + int("".join(map(str, b[-30:])))
     assert total[-30:] == [int(c) for c in f"{low % 10**30:030d}"]
@@ -257,7 +276,7 @@ def test_mqar_query_slots_are_successive_power_law_draws(space, count, power_a):
 
 
 def test_mqar_asks_its_keys_in_every_order():
-    task, rng = MQAR(vocab_size=64, num_kv_pairs=3, power_a=1.0), Random(0)
+    task, rng = generator("mqar", vocab_size=64, num_kv_pairs=3, power_a=1.0), Random(0)
     orders = set()
     for _ in range(300):
         tokens, answer = task.example(40, rng)
@@ -267,7 +286,8 @@ def test_mqar_asks_its_keys_in_every_order():
 
 def test_mqar_power_law_keeps_queries_nearer_the_context_than_uniform():
     def mean_offset(power_a):
-        task, rng = MQAR(vocab_size=64, num_kv_pairs=2, power_a=power_a), Random(0)
+        task = generator("mqar", vocab_size=64, num_kv_pairs=2, power_a=power_a)
+        rng = Random(0)
         offsets = []
         for _ in range(200):
             tokens, _ = task.example(200, rng)
@@ -278,7 +298,7 @@ def test_mqar_power_law_keeps_queries_nearer_the_context_than_uniform():
 
 
 def test_mqar_scaled_pairs_follow_the_length_until_the_keys_run_out():
-    task = MQAR(vocab_size=20, num_kv_pairs=None, tokens_per_pair=4)  # keys 1..9
+    task = generator("mqar", vocab_size=20, num_kv_pairs=None, tokens_per_pair=4)  # keys 1..9
     assert len(task.example(39, Random(0))[1]) == 9
     with pytest.raises(ConfigError, match="vocab_size"):
         task.example(40, Random(0))
@@ -287,7 +307,7 @@ def test_mqar_scaled_pairs_follow_the_length_until_the_keys_run_out():
 @pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])
 @pytest.mark.parametrize("length", [7, 8, 50])
 def test_passkey_key_sits_at_the_requested_depth(depth, length):
-    task = Passkey(key_digits=3)
+    task = generator("passkey", key_digits=3)
     tokens, key = task.at_depth(length, depth, Random(0))
     filler = length - 3 - 2
     assert tokens.index(KEY) == round(depth * filler)
@@ -295,7 +315,7 @@ def test_passkey_key_sits_at_the_requested_depth(depth, length):
 
 
 def test_passkey_random_depth_covers_every_prefix_evenly():
-    task, rng = Passkey(key_digits=2), Random(0)
+    task, rng = generator("passkey", key_digits=2), Random(0)
     prefixes = Counter(task.example(7, rng)[0].index(KEY) for _ in range(4000))
     assert sorted(prefixes) == [0, 1, 2, 3]
     assert all(abs(count / 4000 - 0.25) < 0.04 for count in prefixes.values())
@@ -303,4 +323,4 @@ def test_passkey_random_depth_covers_every_prefix_evenly():
 
 def test_passkey_refuses_a_depth_outside_0_1_per_example():
     with pytest.raises(ConfigError, match="depth"):
-        Passkey().at_depth(20, 1.01, Random(0))
+        generator("passkey").at_depth(20, 1.01, Random(0))

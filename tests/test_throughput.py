@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from helpers import decode_node
 
 from attnlab.data.batching import collate
 from attnlab.data.cache import Example
@@ -29,7 +30,9 @@ ARCHITECTURE = {
 
 
 def test_a_translation_batch_counts_the_sources_and_the_decoders_input_but_not_padding():
-    system = Seq2SeqSystem(ARCHITECTURE, {}, 20, 20, PAD_ID, BOS_ID, EOS_ID)
+    system = Seq2SeqSystem(
+        ARCHITECTURE, {}, 20, 20, PAD_ID, BOS_ID, EOS_ID, 0.1, "translation", None, decode_node()
+    )
     pairs = [([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11]), ([5, 6], [])]
     batch = collate([Example(np.array(s), np.array(t), "", i) for i, (s, t) in enumerate(pairs)])
     sources = sum(len(s) + 1 for s, _ in pairs)  # each source and its EOS
@@ -40,7 +43,7 @@ def test_a_translation_batch_counts_the_sources_and_the_decoders_input_but_not_p
 
 
 def test_a_probe_batch_counts_its_tokens_and_markers_but_not_the_padding():
-    system = TaggerSystem(ARCHITECTURE, {}, ProbeDataModule.vocab_size, num_classes=8)
+    system = TaggerSystem(ARCHITECTURE, {}, ProbeDataModule.vocab_size, num_classes=8, causal=False)
     batch = probe_collate([probe_example(3, markers=True), probe_example(7, markers=True)])
     assert batch["tokens"].shape == (2, 9)
     assert system.batch_tokens(batch) == (3 + 2) + (7 + 2)

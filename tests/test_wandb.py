@@ -13,10 +13,18 @@ import pytest
 from helpers import ROOT, compose_config
 from wandb_records import read_offline_run
 
-from attnlab.settings import ConfigError
+from attnlab.options import variant
+from attnlab.settings import ConfigError, build
 
 TINY = ["model=tiny", "task.data.train_size=128", "task.data.max_len=8", "trainer.max_epochs=1"]
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
+
+
+def wandb_logger(save_dir: str, *overrides: str):
+    """logger=wandb's WandbLogger from its YAML (conf/logger/wandb.yaml), writing to
+    `save_dir`, with `overrides` of its options (e.g. "mode=offline")."""
+    settings = [f"{group}.save_dir={save_dir}" for group in ("csv", "wandb")]
+    return build(variant("logger", "wandb", *settings, *(f"wandb.{o}" for o in overrides))["wandb"])
 
 
 def train_cli(*args: str, env: dict | None = None, timeout: int = 600):
@@ -92,22 +100,18 @@ def test_wandb_gets_accuracy_by_position_as_one_plot_and_the_metric_summary(wand
 
 
 def test_offline_mode_does_not_leak_into_the_environment(tmp_path):
-    from attnlab.logger.wandb import WandbLogger
-
-    logger = WandbLogger(save_dir=str(tmp_path), project="attnlab-test", mode="offline")
+    logger = wandb_logger(str(tmp_path), "project=attnlab-test", "mode=offline")
     first = logger.experiment.id
     logger.finish()
     assert "WANDB_MODE" not in os.environ
-    logger_2 = WandbLogger(save_dir=str(tmp_path), project="attnlab-test", mode="offline")
+    logger_2 = wandb_logger(str(tmp_path), "project=attnlab-test", "mode=offline")
     assert logger_2.experiment.id != first, "a finished run is never reused"
     logger_2.finish(exit_code=1)
 
 
 def test_an_unknown_mode_is_refused():
-    from attnlab.logger.wandb import WandbLogger
-
     with pytest.raises(ConfigError, match=r"logger.wandb.mode='onlne' is not one of"):
-        WandbLogger(save_dir=".", mode="onlne")
+        wandb_logger(".", "mode=onlne")
 
 
 def environment(tmp_path, **variables: str) -> dict[str, str]:
@@ -175,9 +179,10 @@ def test_a_translation_run_logs_sacrebleus_signatures_with_its_config(tmp_path):
 
     cfg = compose_config(["task=multi30k", "model=tiny", "pe=t5"], tmp_path)
     architecture = {g: to_dict(cfg[g]) for g in ARCHITECTURE}
+    settings = {k: v for k, v in to_dict(cfg.task.system).items() if k != "_target_"}
     system = Seq2SeqSystem(
         architecture=architecture, optim=to_dict(cfg.task.optim), src_vocab_size=20, tgt_vocab_size=20,
-        pad_id=0, bos_id=1, eos_id=2,
+        pad_id=0, bos_id=1, eos_id=2, **settings,
     )  # fmt: skip
     config = logged_config(cfg, system)
     assert config["sacrebleu"]["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
@@ -202,10 +207,13 @@ def test_a_runs_name_is_the_choices_that_set_it_apart_and_short():
 
 
 def test_a_single_run_is_grouped_by_its_task(tmp_path):
-    from attnlab.logger.wandb import WandbLogger
-
-    logger = WandbLogger(save_dir=str(tmp_path), mode="offline", job_type="probe")
+    logger = wandb_logger(str(tmp_path), "mode=offline", "job_type=probe")
     assert logger._wandb_init["group"] == "probe"
+
+
+def test_a_name_and_group_given_are_the_runs(tmp_path):
+    logger = wandb_logger(str(tmp_path), "mode=offline", "name=mine", "group=ours")
+    assert (logger._wandb_init["name"], logger._wandb_init["group"]) == ("mine", "ours")
 
 
 def test_the_logged_config_holds_no_file_location_and_one_epoch_budget(tmp_path):

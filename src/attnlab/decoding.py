@@ -35,18 +35,18 @@ CHECK_EVERY = 8  # steps between asking the device whether every sentence is don
 class DecodeConfig:
     """The top-level `decode` config node (conf/train.yaml)."""
 
-    strategy: str = "beam"  # at test time: greedy | beam | top_k | nucleus
-    beam: int = 4  # beam size of strategy=beam; 1 = greedy
-    val_beam: int = 1  # beam size for the scores computed at each validation
-    top_k: int = 50  # strategy=top_k samples among the k likeliest tokens
-    top_p: float = 0.9  # strategy=nucleus samples among the likeliest tokens holding p
-    temperature: float = 1.0  # sampling: divides the logits
-    no_repeat_ngram: int = 0  # n > 0: never repeat an n-gram within a hypothesis
-    seed: int = 0  # sampling
-    length_penalty: float = 0.6  # GNMT α
-    max_len_a: float = 1.2
-    max_len_b: int = 10
-    max_len: int = 256  # an absolute cap on hypotheses, in tokens, whatever the source length
+    strategy: str  # at test time: greedy | beam | top_k | nucleus
+    beam: int  # beam size of strategy=beam; 1 = greedy
+    val_beam: int  # beam size for the scores computed at each validation
+    top_k: int  # strategy=top_k samples among the k likeliest tokens
+    top_p: float  # strategy=nucleus samples among the likeliest tokens holding p
+    temperature: float  # sampling: divides the logits
+    no_repeat_ngram: int  # n > 0: never repeat an n-gram within a hypothesis
+    seed: int  # sampling
+    length_penalty: float  # GNMT α
+    max_len_a: float
+    max_len_b: int
+    max_len: int  # an absolute cap on hypotheses, in tokens, whatever the source length
     cache: bool = True  # reuse keys and values of earlier steps (False: recompute, for tests)
 
     def __post_init__(self) -> None:

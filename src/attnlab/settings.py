@@ -19,10 +19,11 @@ import os
 import shutil
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
+T = TypeVar("T")
 METADATA = ("name", "description", "paper")
 DESCRIPTIVE = ("_target_", "description", "paper")  # what a node is and where its class lives
 # The config groups (conf/<group>/) by what they decide; every other list of them derives
@@ -305,3 +306,11 @@ def check_complete(
             f"'{label}' needs the option {', '.join(missing)}: set it in its YAML or on the "
             "command line"
         )
+
+
+def settings_node(cls: type[T], label: str, node: Mapping[str, Any], **given: Any) -> T:
+    """`cls` (a settings dataclass) from the config node `label`, with `given` beside its
+    keys; a ConfigError for a key it does not take, a missing or a mistyped one."""
+    check_options(label, cls, node, given)
+    check_complete(label, cls, node, given)
+    return cls(**node, **given)

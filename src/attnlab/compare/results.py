@@ -39,6 +39,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from attnlab.compare.lengths import (
     ACCURACY,
@@ -62,7 +63,8 @@ from attnlab.compare.report import (
 from attnlab.compare.runs import Run, find_runs
 from attnlab.compare.seeds import Configuration, configurations, summary
 from attnlab.compare.significance import HYPOTHESES, bootstrap_table
-from attnlab.settings import ConfigError
+from attnlab.options import options, variant
+from attnlab.settings import VARIANTS, ConfigError, to_dict
 from attnlab.studies.probe import chance_bound, predict
 
 RECORD = (
@@ -117,6 +119,15 @@ def outcome(accuracy: list[float], bound: float) -> str:
     return "partly"
 
 
+def as_now(group: str, recorded: Any) -> dict[str, Any]:
+    """A recorded config node of `group` with the options that its run predates (added to
+    the option's YAML later, e.g. rope's scaling) at their YAML values."""
+    node = to_dict(recorded)
+    if node.get("name") not in options(group):
+        return node
+    return variant(group, node["name"]) | node
+
+
 def probe_table(configs: list[Configuration]) -> str:
     """Each configuration's accuracies over its seeds, what they amount to (solves: every
     seed ≥ 0.99; ≤ bound: no better than equal outputs at every position), and the
@@ -125,9 +136,8 @@ def probe_table(configs: list[Configuration]) -> str:
     for config in configs:
         run, accuracy = config.runs[0], config.values("test/acc")
         task = run.config.task
-        prediction = predict(
-            run.config.pe, run.config.norm, run.config.synthesizer, task.markers, task.causal
-        )
+        parts = (as_now(group, run.config[group]) for group in VARIANTS)
+        prediction = predict(*parts, task.markers, task.causal)
         measured = outcome(accuracy, chance_bound(eval_lengths(run))) if accuracy else "no test"
         agrees = measured == "solves" if prediction.distinguishes else measured.startswith("≤")
         cells: Row = {**config.setting, "seeds": len(accuracy), "token acc": summary(accuracy),

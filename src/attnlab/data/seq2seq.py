@@ -29,7 +29,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from torch.utils.data import DataLoader
@@ -49,7 +49,7 @@ from attnlab.data.corpus import SPLITS, Corpus
 from attnlab.data.loader import ResumableLoader
 from attnlab.data.task import TaskData
 from attnlab.data.text import available_cores
-from attnlab.settings import ConfigError, check_complete, check_options, require_counts
+from attnlab.settings import ConfigError, require_counts, settings_node
 from attnlab.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -66,7 +66,6 @@ from attnlab.tokenizer import (
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 TOKENIZER, BATCHING = "task.data.tokenizer", "task.data.batching"  # the nodes' names
 STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
 SAMPLE_SEED = 0  # the tokenizer's training sample: fixed, so runs with other seeds share it
@@ -128,14 +127,6 @@ class Vocabulary:
         return TokenizerSettings(
             self.vocab_size, self.model_type, self.character_coverage, user_symbols, TOKENIZER
         )
-
-
-def settings_node(cls: type[T], label: str, node: Mapping[str, Any], **given: Any) -> T:
-    """`cls` (a settings dataclass) from a config node, with `given` beside its keys; a
-    ConfigError naming `label` for a key it does not take, a missing or a mistyped one."""
-    check_options(label, cls, node, given)
-    check_complete(label, cls, node, given)
-    return cls(**node, **given)
 
 
 class Seq2SeqDataModule(TaskData):

@@ -7,7 +7,6 @@ parameters."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 
@@ -15,8 +14,10 @@ from attnlab.logger.naming import RunLabels
 
 
 class MLflowLogger(LightningMLFlowLogger):
-    def __init__(self, database: str, **labels: Any) -> None:
-        run = RunLabels(**labels)
+    def __init__(
+        self, database: str, group: str | None, name: str | None, job_type: str, tags: list[str]
+    ) -> None:
+        run = RunLabels(group, name, job_type, tags)
         super().__init__(
             experiment_name=run.run_group or "attnlab",
             run_name=run.run_name,

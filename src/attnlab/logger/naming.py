@@ -61,10 +61,10 @@ class RunLabels:
     """The settings every logger config takes to label a run (conf/logger/*.yaml), and what
     they come to: a setting left null takes the default the module docstring describes."""
 
-    group: str | None = None
-    name: str | None = None
-    job_type: str | None = None  # the task
-    tags: Sequence[str] = ()
+    group: str | None
+    name: str | None
+    job_type: str | None  # the task
+    tags: Sequence[str]
 
     @property
     def run_group(self) -> str | None:

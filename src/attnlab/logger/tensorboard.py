@@ -13,9 +13,11 @@ from attnlab.logger.naming import RunLabels
 
 
 class TensorBoardLogger(LightningTensorBoardLogger):
-    def __init__(self, save_dir: str, **labels: Any) -> None:
+    def __init__(
+        self, save_dir: str, group: str | None, name: str | None, job_type: str, tags: list[str]
+    ) -> None:
         super().__init__(save_dir=save_dir, name="tensorboard", version="", default_hp_metric=False)
-        run = RunLabels(**labels)
+        run = RunLabels(group, name, job_type, tags)
         self.run = {"name": run.run_name or "", "group": run.run_group or "", "tags": run.all_tags}
 
     def log_hyperparams(self, params: Any, metrics: Any = None) -> None:

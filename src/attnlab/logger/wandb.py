@@ -71,13 +71,16 @@ class WandbLogger(LightningWandbLogger):
     def __init__(
         self,
         save_dir: str,
-        project: str = "attnlab",
-        entity: str | None = None,
-        mode: str = "offline",
-        metric: str | None = None,
-        metric_mode: str = "max",
-        timeout: float = 5.0,
-        **labels: Any,
+        project: str,
+        entity: str | None,
+        mode: str,
+        metric: str | None,
+        metric_mode: str,
+        timeout: float,
+        group: str | None,
+        name: str | None,
+        job_type: str | None,
+        tags: list[str],
     ) -> None:
         import wandb
 
@@ -89,7 +92,7 @@ class WandbLogger(LightningWandbLogger):
                 "and upload later with `wandb sync <run dir>/wandb/offline-run-*`"
             )
         self.mode, self.metric, self.metric_mode = mode, metric, metric_mode
-        run = RunLabels(**labels)
+        run = RunLabels(group, name, job_type, tags)
         super().__init__(
             save_dir=save_dir,
             project=project,

@@ -137,7 +137,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """The `pe`, `norm` and `synthesizer` config nodes of a run, as plain dicts."""
+    """The `pe`, `norm` and `synthesizer` config nodes of a run, as plain dicts (those given
+    are kept, not copied: `build` copies what it takes apart)."""
 
     pe: dict[str, Any]
     norm: dict[str, Any]
@@ -145,7 +146,9 @@ class AttentionConfig:
 
     @classmethod
     def from_config(cls, pe: Mapping, norm: Mapping, synthesizer: Mapping) -> AttentionConfig:
-        return cls(to_dict(pe), to_dict(norm), to_dict(synthesizer))
+        return cls(
+            *(node if isinstance(node, dict) else to_dict(node) for node in (pe, norm, synthesizer))
+        )
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ from attnlab.tensors import linear
 class GAU:
     """The block type (attnlab.model.architecture.BlockType) and its options."""
 
-    qk_dim: int = 128  # s
-    expansion: int = 2  # e = expansion·d_model
+    qk_dim: int  # s
+    expansion: int  # e = expansion·d_model
 
     def __post_init__(self) -> None:
         require_counts("block", qk_dim=self.qk_dim, expansion=self.expansion)

@@ -26,7 +26,7 @@ def in_float16(scores: Tensor) -> bool:
 
 
 class Exp(Normalizer):
-    def __init__(self, max_score: float | None = 30.0) -> None:
+    def __init__(self, max_score: float | None) -> None:
         super().__init__()
         self.max_score = max_score
 

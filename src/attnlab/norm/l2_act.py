@@ -26,7 +26,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 class L2Act(Normalizer):
-    def __init__(self, activation: str = "silu", eps: float = 1e-6) -> None:
+    def __init__(self, activation: str, eps: float) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ConfigError(

@@ -14,7 +14,7 @@ from attnlab.norm.base import Normalizer, visible_keys, zero_masked
 
 
 class Sigmoid(Normalizer):
-    def __init__(self, bias: float | None = None) -> None:
+    def __init__(self, bias: float | None) -> None:
         super().__init__()
         self.bias = bias
 

@@ -85,7 +85,7 @@ class CoPE(PositionalEncoding):
     needs_key = True
     causal_only = "a position counts the gated keys from the key up to the query"
 
-    def __init__(self, shape: StackShape, max_pos: int = 16) -> None:
+    def __init__(self, shape: StackShape, max_pos: int) -> None:
         super().__init__(shape)
         if max_pos < 1:
             raise ConfigError(

@@ -89,11 +89,11 @@ class DeBERTa(PositionalEncoding):
     def __init__(
         self,
         shape: StackShape,
-        max_relative_positions: int = 512,
-        position_buckets: int = 256,
-        pos_att_type: str | Sequence[str] = TERMS,
-        init_std: float = 0.02,
-        layer_norm_eps: float = 1e-7,
+        max_relative_positions: int,
+        position_buckets: int,
+        pos_att_type: str | Sequence[str],
+        init_std: float,
+        layer_norm_eps: float,
     ) -> None:
         super().__init__(shape)
         check_sizes(max_relative_positions, position_buckets)

@@ -66,9 +66,7 @@ def mlp_inputs(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor, causa
 class FIRE(PositionalEncoding):
     adds_score_terms = True
 
-    def __init__(
-        self, shape: StackShape, mlp_width: int = 32, init_c: float = 0.1, init_L: float = 512.0
-    ) -> None:
+    def __init__(self, shape: StackShape, mlp_width: int, init_c: float, init_L: float) -> None:
         super().__init__(shape)
         if mlp_width < 1:
             raise ConfigError(f"pe.mlp_width={mlp_width} must be at least 1 (FIRE uses 32)")

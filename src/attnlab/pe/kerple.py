@@ -101,7 +101,7 @@ class KERPLE(PositionalEncoding):
     adds_score_terms = True
     flex = True
 
-    def __init__(self, shape: StackShape, variant: str = "log") -> None:
+    def __init__(self, shape: StackShape, variant: str) -> None:
         super().__init__(shape)
         if variant not in VARIANTS:
             raise ConfigError(f"pe.variant={variant!r} is not one of: {', '.join(VARIANTS)}")

@@ -24,9 +24,7 @@ from attnlab.shape import StackShape
 class LearnedPE(PositionalEncoding):
     embeds = True
 
-    def __init__(
-        self, shape: StackShape, max_len: int = 512, init_std: float | None = None
-    ) -> None:
+    def __init__(self, shape: StackShape, max_len: int, init_std: float | None) -> None:
         super().__init__(shape)
         if init_std is not None and not (is_number(init_std) and init_std > 0):
             raise ConfigError(

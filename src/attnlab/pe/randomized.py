@@ -90,8 +90,8 @@ class RandomizedPE(PositionalEncoding):
         self,
         shape: StackShape,
         base: Mapping[str, Any],
-        max_position: int = 2048,
-        eval_positions: str = "random",
+        max_position: int,
+        eval_positions: str,
     ) -> None:
         super().__init__(shape)
         if not is_count(max_position):

@@ -168,14 +168,14 @@ class RoPE(PositionalEncoding):
     def __init__(
         self,
         shape: StackShape,
-        base: float = 10000.0,
-        rotary_dim: int | None = None,
-        layout: str = "interleaved",
-        scaling: str | None = None,
-        scaling_factor: float | None = None,
-        original_max_len: int | None = None,
-        yarn_alpha: float = 1.0,
-        yarn_beta: float = 32.0,
+        base: float,
+        rotary_dim: int | None,
+        layout: str,
+        scaling: str | None,
+        scaling_factor: float | None,
+        original_max_len: int | None,
+        yarn_alpha: float,
+        yarn_beta: float,
     ) -> None:
         super().__init__(shape)
         self.rotary_dim = shape.head_dim if rotary_dim is None else rotary_dim

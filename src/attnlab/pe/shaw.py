@@ -52,9 +52,7 @@ class ShawPE(PositionalEncoding):
     needs_query = True
     flex = True
 
-    def __init__(
-        self, shape: StackShape, max_relative_position: int = 20, value_term: bool = True
-    ) -> None:
+    def __init__(self, shape: StackShape, max_relative_position: int, value_term: bool) -> None:
         super().__init__(shape)
         if max_relative_position < 1:
             raise ConfigError(

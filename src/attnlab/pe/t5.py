@@ -54,7 +54,7 @@ class T5PE(PositionalEncoding):
     adds_score_terms = True
     flex = True
 
-    def __init__(self, shape: StackShape, num_buckets: int = 32, max_distance: int = 128) -> None:
+    def __init__(self, shape: StackShape, num_buckets: int, max_distance: int) -> None:
         super().__init__(shape)
         bidirectional = not shape.causal
         if bidirectional and num_buckets % 2:

@@ -39,7 +39,7 @@ from attnlab.shape import StackShape
 class URPE(PositionalEncoding):
     post_normalization = True
 
-    def __init__(self, shape: StackShape, base: Mapping[str, Any], max_len: int = 512) -> None:
+    def __init__(self, shape: StackShape, base: Mapping[str, Any], max_len: int) -> None:
         super().__init__(shape)
         if max_len < 1:
             raise ConfigError(f"pe.max_len={max_len} must be at least 1 (URPE's tasks use 128)")

@@ -67,9 +67,7 @@ class TransformerXLPE(PositionalEncoding):
     needs_query = True
     needs_key = True
 
-    def __init__(
-        self, shape: StackShape, clamp_len: int | None = None, init_std: float = 0.02
-    ) -> None:
+    def __init__(self, shape: StackShape, clamp_len: int | None, init_std: float) -> None:
         super().__init__(shape)
         if shape.cross:
             raise ConfigError(

@@ -77,9 +77,7 @@ class XPos(PositionalEncoding):
     max_len_option = "scale_base"
     causal_only = "its factor ζ^((i−j)/B) grows with distance for keys after the query"
 
-    def __init__(
-        self, shape: StackShape, scale_base: float = 512.0, layout: str = "interleaved"
-    ) -> None:
+    def __init__(self, shape: StackShape, scale_base: float, layout: str) -> None:
         super().__init__(shape)
         if shape.head_dim % 2:
             raise ConfigError(

@@ -75,7 +75,7 @@ class AttentionMaps(L.Callback):
     fixed validation example (the longest of the first batch) into <run dir>/<filename>,
     and logs the image to W&B when a W&B logger is on."""
 
-    def __init__(self, filename: str = "attention.png") -> None:
+    def __init__(self, filename: str) -> None:
         self.filename = filename
 
     @rank_zero_only
@@ -168,6 +168,9 @@ class ScoredExamples(L.Callback):
 class ParameterSummary(ModelSummary):
     """Lightning's model summary as plain text, without its FLOPs column and total: they read
     0 unless a module declares `example_input_array`, which no attnlab system does."""
+
+    def __init__(self, max_depth: int, **summarize_kwargs: Any) -> None:
+        super().__init__(max_depth, **summarize_kwargs)
 
     @staticmethod
     def summarize(

@@ -165,9 +165,9 @@ class LatestCheckpoint(L.Callback):
     def __init__(
         self,
         dirpath: str,
-        every_n_minutes: float | None = 10,
-        every_n_steps: int | None = None,
-        keep_when_done: bool = True,
+        every_n_minutes: float | None,
+        every_n_steps: int | None,
+        keep_when_done: bool,
     ) -> None:
         if every_n_minutes is not None and every_n_steps is not None:
             raise ConfigError(

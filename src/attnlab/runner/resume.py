@@ -58,6 +58,15 @@ EVALUATION_OPTIONS = {
 DATA_SEEDED = (
     "attnlab.tasks.dialogue.DialogueDataModule", "attnlab.tasks.translation.TranslationDataModule",
 )  # fmt: skip
+# The sequence-to-sequence data settings that moved into the nodes task.data.batching and
+# task.data.tokenizer: a run recorded before then is resumed or evaluated with them respelled.
+MOVED = {
+    **{f"task.data.{key}": f"task.data.batching.{key}" for key in (
+        "max_tokens", "max_len", "max_len_ratio", "max_eval_len", "train_size", "sort_chunk")},
+    **{f"task.data.{key}": f"task.data.tokenizer.{key}" for key in (
+        "vocab_size", "model_type", "character_coverage", "joint_vocab", "num_threads")},
+    "task.data.tokenizer_pairs": "task.data.tokenizer.pairs",
+}  # fmt: skip
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
 
@@ -163,7 +172,20 @@ def stored_overrides(record: dict[str, Any]) -> list[str]:
     the data seed of a run recorded before `task.data.data_seed` existed."""
     kept = allowed_overrides(record["overrides"], "the checkpoint")
     located = absolute_locations(kept, record["config"]["paths"]["root_dir"])
-    return located + earlier_data_seed(record["config"])
+    return respelled(located, record["config"]) + earlier_data_seed(record["config"])
+
+
+def respelled(overrides: list[str], config: dict[str, Any]) -> list[str]:
+    """`overrides` of a sequence-to-sequence run recorded before its data settings moved into
+    nodes, in today's spelling (task.data.max_tokens=… -> task.data.batching.max_tokens=…)."""
+    data = (config.get("task") or {}).get("data") or {}
+    if data.get("_target_") not in DATA_SEEDED or "batching" in data:
+        return overrides
+    spelled = []
+    for text in overrides:
+        prefix, key, value = re.match(r"([+~]*)([^=]*)(.*)", text, re.S).groups()  # type: ignore[union-attr]
+        spelled.append(f"{prefix}{MOVED.get(key, key)}{value}")
+    return spelled
 
 
 def earlier_data_seed(config: dict[str, Any]) -> list[str]:
@@ -191,6 +213,7 @@ def evaluation_arguments(args: list[str]) -> list[str]:
         print(
             f"attnlab: evaluating without the run's training settings: {dropped}", file=sys.stderr
         )
+    check_same_task(record, args, "eval.py")
     check_data_present(stored, args, "eval.py")
     return [*stored, *args]
 
@@ -223,6 +246,7 @@ def training_arguments(args: list[str]) -> list[str] | None:
             f"resume: resume from checkpoints/{LAST} of its run, or evaluate it with eval.py"
         )
     stored = stored_overrides(checkpoint[RECORD_KEY])
+    check_same_task(checkpoint[RECORD_KEY], args, "train.py")
     check_data_present(stored, args, "train.py")
     resumed = [*stored, *args]
     directory = run_directory(Path(argument(args, "ckpt_path")))
@@ -252,6 +276,21 @@ def with_settings(node: dict[str, Any], settings: dict[str, Any]) -> dict[str, A
     return node
 
 
+def check_same_task(record: dict[str, Any], args: list[str], program: str) -> None:
+    """Refuse a command line that names another task than the checkpoint's, before the
+    checkpoint's overrides (which may be of settings the other task lacks) are composed."""
+    chosen, stored = argument(args, "task"), record["config"]["task"]["name"]
+    if chosen is not None and chosen != stored:
+        raise model_differs(program, f"task.name={stored} (not {chosen})")
+
+
+def model_differs(program: str, changes: str) -> ConfigError:
+    return ConfigError(
+        f"{program} uses the model stored in the checkpoint, which has {changes}: drop the "
+        "overrides that change the model, or pass a checkpoint of the model you mean"
+    )
+
+
 def check_same_model(
     config: dict[str, Any], stored: dict[str, Any], program: str, free: Collection[str] = ()
 ) -> None:
@@ -275,7 +314,4 @@ def check_same_model(
     ]
     if differing:
         changes = ", ".join(f"{k}={theirs[k]} (not {mine[k]})" for k in differing)
-        raise ConfigError(
-            f"{program} uses the model stored in the checkpoint, which has {changes}: drop the "
-            "overrides that change the model, or pass a checkpoint of the model you mean"
-        )
+        raise model_differs(program, changes)

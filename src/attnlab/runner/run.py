@@ -33,6 +33,7 @@ from attnlab.settings import (
     ConfigError,
     build,
     own_class,
+    settings_node,
     to_dict,
 )  # fmt: skip
 from attnlab.systems.base import System
@@ -73,26 +74,35 @@ def command_line_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
-def check_settings(cfg: DictConfig) -> None:
+def architecture_nodes(cfg: DictConfig) -> dict[str, dict[str, Any]]:
+    """The config nodes a network is built from (ARCHITECTURE), as plain data."""
+    return {group: to_dict(cfg[group]) for group in ARCHITECTURE}
+
+
+def check_settings(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     """The architecture (the network built on the meta device, every variant against its
-    stack's shape), optimizer and decoding settings, checked before any data is read (the
-    system is built again once the data gave it its vocabulary)."""
+    stack's shape), optimizer and decoding settings, checked before any data is read; the
+    architecture's nodes, for the system built once the data gave it its vocabulary."""
+    architecture = architecture_nodes(cfg)
     system = to_dict(cfg.task.system)
-    own_class(system.pop("_target_")).check_network(
-        {group: to_dict(cfg[group]) for group in ARCHITECTURE}, system
-    )
+    own_class(system.pop("_target_")).check_network(architecture, system)
     check_optim(**to_dict(cfg.task.optim))
-    DecodeConfig(**to_dict(cfg.decode))
+    settings_node(DecodeConfig, "decode", to_dict(cfg.decode))
+    return architecture
 
 
 def build_datamodule(cfg: DictConfig) -> TaskData:
     return build(cfg.task.data)
 
 
-def build_system(cfg: DictConfig, datamodule: TaskData) -> System:
+def build_system(
+    cfg: DictConfig, datamodule: TaskData, architecture: dict[str, dict[str, Any]] | None = None
+) -> System:
+    """The task's system for `datamodule`, from `architecture` (check_settings' nodes) or else
+    the config's."""
     system = build(
         cfg.task.system,
-        architecture={group: to_dict(cfg[group]) for group in ARCHITECTURE},
+        architecture=architecture or architecture_nodes(cfg),
         optim=to_dict(cfg.task.optim),
         **datamodule.model_kwargs(),
     )

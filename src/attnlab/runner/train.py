@@ -68,7 +68,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     with status.tracking(Path(output_dir), enabled=first, resumed=resuming) as tracker:
         run.save_config_tree(cfg, output_dir)
         run.check_sweep_devices(cfg)
-        run.check_settings(cfg)
+        architecture = run.check_settings(cfg)
         L.seed_everything(cfg.seed, workers=True)
         datamodule = run.build_datamodule(cfg)
         if cfg.test and not datamodule.has_split("test"):
@@ -78,7 +78,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if cfg.ckpt_path is not None:
             stored = read_checkpoint(cfg.ckpt_path)[RECORD_KEY]["config"]
             check_same_model(to_dict(cfg), stored, "train.py ckpt_path=...")
-        system = run.build_system(cfg, datamodule)
+        system = run.build_system(cfg, datamodule, architecture)
         counts = system.parameter_counts()
         tracker.update(params=counts["total"])
         overrides = absolute_locations(run.command_line_overrides(), cfg.paths.root_dir)

@@ -55,9 +55,9 @@ class Dense(Synthesizer):
     def __init__(
         self,
         shape: StackShape,
-        max_len: int = 512,
-        hidden_dim: int | None = None,
-        shared_output: bool = False,
+        max_len: int,
+        hidden_dim: int | None,
+        shared_output: bool,
     ) -> None:
         super().__init__(shape)
         hidden_dim = shape.head_dim if hidden_dim is None else hidden_dim

@@ -39,11 +39,11 @@ class FactorizedDense(Synthesizer):
     def __init__(
         self,
         shape: StackShape,
-        max_len: int = 512,
-        a: int = 16,
-        b: int = 32,
-        hidden_dim: int | None = None,
-        shared_output: bool = False,
+        max_len: int,
+        a: int,
+        b: int,
+        hidden_dim: int | None,
+        shared_output: bool,
     ) -> None:
         super().__init__(shape)
         hidden_dim = shape.head_dim if hidden_dim is None else hidden_dim

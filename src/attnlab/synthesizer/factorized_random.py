@@ -26,7 +26,7 @@ from attnlab.synthesizer.base import Synthesis, Synthesizer, glorot_uniform, req
 
 
 class FactorizedRandom(Synthesizer):
-    def __init__(self, shape: StackShape, max_len: int = 512, k: int = 16) -> None:
+    def __init__(self, shape: StackShape, max_len: int, k: int) -> None:
         super().__init__(shape)
         require_positive("max_len", max_len)
         require_positive("k", k)

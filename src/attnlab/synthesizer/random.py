@@ -33,7 +33,7 @@ from attnlab.synthesizer.base import (
 
 
 class Random(Synthesizer):
-    def __init__(self, shape: StackShape, max_len: int = 512, trainable: bool = True) -> None:
+    def __init__(self, shape: StackShape, max_len: int, trainable: bool) -> None:
         super().__init__(shape)
         require_positive("max_len", max_len)
         self.max_len = max_len

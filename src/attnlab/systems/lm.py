@@ -51,10 +51,10 @@ class LMSystem(System):
         architecture: dict,
         optim: dict,
         vocab_size: int,
-        samples: int = 2,
-        sample_prompt: str = "\n",
-        sample_tokens: int = 200,
-        decode: dict | None = None,
+        samples: int,
+        sample_prompt: str,
+        sample_tokens: int,
+        decode: dict,
         tokenizer: StreamTokenizer | None = None,
     ) -> None:
         super().__init__(architecture, optim)
@@ -67,7 +67,7 @@ class LMSystem(System):
             )
         self.tokenizer = tokenizer  # from the data; from the checkpoint when loaded
         self.net = self.network(self.architecture, vocab_size=vocab_size)
-        self.decode_config = DecodeConfig(**(decode or {}))
+        self.decode_config = DecodeConfig(**decode)
         self.samples, self.sample_prompt, self.sample_tokens = samples, sample_prompt, sample_tokens
         self.not_applicable: list[int] = []
         self.sums: dict[tuple[str, int], Tensor] = {}  # (mode, L) -> [nll, tokens], float64

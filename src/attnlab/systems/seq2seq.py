@@ -58,11 +58,11 @@ class Seq2SeqSystem(System):
         pad_id: int,
         bos_id: int,
         eos_id: int,
+        label_smoothing: float,
+        scores: str,
+        val_generate: int | None,
+        decode: dict,
         joint_vocab: bool = True,
-        label_smoothing: float = 0.1,
-        decode: dict | None = None,
-        scores: str = "translation",
-        val_generate: int | None = None,
         tokenizers: Tokenizers | None = None,
     ) -> None:
         super().__init__(architecture, optim)
@@ -71,7 +71,7 @@ class Seq2SeqSystem(System):
             self.architecture, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
             joint_vocab=joint_vocab,
         )  # fmt: skip
-        self.decode_config = DecodeConfig(**(decode or {}))
+        self.decode_config = DecodeConfig(**decode)
         if scores not in SCORERS:
             raise ConfigError(f"task.system.scores={scores!r} is not one of: {', '.join(SCORERS)}")
         if val_generate is not None:

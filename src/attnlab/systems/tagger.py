@@ -43,7 +43,7 @@ class TaggerSystem(System):
         optim: dict,
         vocab_size: int,
         num_classes: int,
-        causal: bool = False,
+        causal: bool,
     ) -> None:
         super().__init__(architecture, optim)
         self.net = self.network(

@@ -32,7 +32,7 @@ class Addition:
     symbols = 11
     min_length = 1
 
-    def __init__(self, reverse_digits: bool = False) -> None:
+    def __init__(self, reverse_digits: bool) -> None:
         require_flags(reverse_digits=reverse_digits)
         self.reverse_digits = reverse_digits
 

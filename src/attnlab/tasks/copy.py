@@ -24,7 +24,7 @@ from attnlab.tasks.synthetic import OPTIONS, Example, random_symbols, require_fl
 class Copy:
     min_length = 1
 
-    def __init__(self, alphabet: int = 10, identical: bool = False) -> None:
+    def __init__(self, alphabet: int, identical: bool) -> None:
         require_counts(OPTIONS, alphabet=alphabet)
         require_flags(identical=identical)
         self.symbols, self.identical = alphabet, identical

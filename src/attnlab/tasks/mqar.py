@@ -51,11 +51,11 @@ FILLER = 0
 class MQAR:
     def __init__(
         self,
-        vocab_size: int = 8192,
-        num_kv_pairs: int | None = 8,
-        tokens_per_pair: int | None = None,
-        power_a: float = 0.01,
-        random_filler: bool = False,
+        vocab_size: int,
+        num_kv_pairs: int | None,
+        tokens_per_pair: int | None,
+        power_a: float,
+        random_filler: bool,
     ) -> None:
         require_counts(OPTIONS, vocab_size=vocab_size)
         if (num_kv_pairs is None) == (tokens_per_pair is None):

@@ -32,9 +32,7 @@ KEY, QUERY, FILLER = 10, 11, 12
 
 
 class Passkey:
-    def __init__(
-        self, key_digits: int = 5, filler_tokens: int = 5, depth: float | None = None
-    ) -> None:
+    def __init__(self, key_digits: int, filler_tokens: int, depth: float | None) -> None:
         require_counts(OPTIONS, key_digits=key_digits, filler_tokens=filler_tokens)
         if depth is not None:
             require_depth(depth)

@@ -46,15 +46,15 @@ class ProbeDataModule(TaskData):
 
     def __init__(
         self,
-        min_len: int = 1,
-        max_len: int = 16,
-        eval_min_len: int | None = None,
-        eval_max_len: int | None = None,
-        markers: bool = False,
-        train_size: int = 4096,
-        batch_size: int = 64,
-        seed: int = 0,
-        num_workers: int = 0,
+        min_len: int,
+        max_len: int,
+        eval_min_len: int | None,
+        eval_max_len: int | None,
+        markers: bool,
+        train_size: int,
+        batch_size: int,
+        seed: int,
+        num_workers: int,
     ) -> None:
         super().__init__()
         require_counts("task.data", batch_size=batch_size, train_size=train_size)

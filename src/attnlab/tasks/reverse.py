@@ -20,7 +20,7 @@ from attnlab.tasks.synthetic import OPTIONS, Example, random_symbols, require_le
 class Reverse:
     min_length = 1
 
-    def __init__(self, alphabet: int = 10) -> None:
+    def __init__(self, alphabet: int) -> None:
         require_counts(OPTIONS, alphabet=alphabet)
         self.symbols = alphabet
 

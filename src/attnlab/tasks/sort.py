@@ -19,7 +19,7 @@ from attnlab.tasks.synthetic import OPTIONS, Example, random_symbols, require_le
 class Sort:
     min_length = 1
 
-    def __init__(self, alphabet: int = 5) -> None:
+    def __init__(self, alphabet: int) -> None:
         if not is_count(alphabet, 2):
             raise ConfigError(
                 f"{OPTIONS}.alphabet={alphabet!r} must be an integer of at least 2: "

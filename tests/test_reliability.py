@@ -36,6 +36,7 @@ CASES = [
     (["trainer.max_epcohs=3"], "attnlab: trainer.max_epcohs is not a setting (did you mean trainer.max_epochs?)"),
     (["task=multi30k", "task.data.max_tokens=64"], "attnlab: task.data.max_tokens is now spelled task.data.batching.max_tokens"),
     (["task=chitchat", "task.data.tokenizer_pairs=9"], "attnlab: task.data.tokenizer_pairs is now spelled task.data.tokenizer.pairs"),
+    (["task=multi30k", "task.data.batching=64"], "attnlab: task.data.batching=64 must be a node of settings (max_tokens, max_len, max_len_ratio, max_eval_len, train_size, sort_chunk)"),
     (["task=chitchat", "~task.data.batching.max_len"], "attnlab: 'task.data.batching' needs the option max_len: set it in its YAML"),
     (["model.d_model=100", "model.n_heads=3"], "attnlab: model.d_model=100 is not divisible by model.n_heads=3"),
     (["run_dir=/nonexistent/run"], "attnlab: run_dir=/nonexistent/run has no checkpoints/last.ckpt to resume from"),

@@ -311,6 +311,9 @@ def check_complete(
 def settings_node(cls: type[T], label: str, node: Mapping[str, Any], **given: Any) -> T:
     """`cls` (a settings dataclass) from the config node `label`, with `given` beside its
     keys; a ConfigError for a key it does not take, a missing or a mistyped one."""
+    if not isinstance(node, Mapping):
+        names = [name for name in inspect.signature(cls).parameters if name not in given]
+        raise ConfigError(f"{label}={node!r} must be a node of settings ({', '.join(names)})")
     check_options(label, cls, node, given)
     check_complete(label, cls, node, given)
     return cls(**node, **given)

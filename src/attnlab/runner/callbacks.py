@@ -169,9 +169,6 @@ class ParameterSummary(ModelSummary):
     """Lightning's model summary as plain text, without its FLOPs column and total: they read
     0 unless a module declares `example_input_array`, which no attnlab system does."""
 
-    def __init__(self, max_depth: int, **summarize_kwargs: Any) -> None:
-        super().__init__(max_depth, **summarize_kwargs)
-
     @staticmethod
     def summarize(
         summary_data: list[tuple[str, list[str]]],

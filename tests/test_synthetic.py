@@ -12,11 +12,17 @@ import torch
 from helpers import evaluated, task_data
 
 from attnlab.data.task import IGNORE
+from attnlab.model.architecture import Architecture
 from attnlab.options import variant
 from attnlab.runner import run
 from attnlab.runner.train import train
-from attnlab.settings import ConfigError
-from attnlab.systems.synthetic import answer_scores, bucket_metrics, decoded_answers
+from attnlab.settings import ARCHITECTURE, ConfigError
+from attnlab.systems.synthetic import (
+    SyntheticSystem,
+    answer_scores,
+    bucket_metrics,
+    decoded_answers,
+)
 from attnlab.tasks.synthetic import (
     Batches,
     Item,
@@ -49,6 +55,42 @@ def test_an_encoder_decoder_reads_the_input_and_sep_output():
     assert batch["src"].tolist() == [[1, 2], [4, 10], [7, 10]]
     assert batch["tgt"].tolist() == [[11, 3, 10], [11, 5, 6], [11, 8, 10]]
     assert batch["answers"].tolist() == [[3, 12, I], [5, 6, 12], [8, 12, I]]
+
+
+def test_given_output_tokens_are_fed_and_not_scored_and_the_end_is_given_with_them():
+    item = Item([1, 2], [3, 4, 5], 2, 0, [True, False, True])
+    batch = collate([item], SPECIALS, "decoder")
+    assert batch["answers"].tolist() == [[I, 4, I, I]]
+    assert batch["forced"].tolist() == [[3, I, 5, 12]]
+    assert batch["tokens"].tolist() == [[1, 2, 11, 3, 4, 5, 12]]
+    assert batch["targets"].tolist() == [[I, I, I, 4, I, I]]
+    pair = collate([item], SPECIALS, "encoder_decoder")
+    assert pair["tgt"].tolist() == [[11, 3, 4, 5]] and pair["answers"].tolist() == [[I, 4, I, I]]
+    plain = collate([item._replace(given=None)], SPECIALS, "decoder")
+    assert plain["answers"].tolist() == [[3, 4, 5, 12]] and (plain["forced"] == I).all()
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+def test_decoding_feeds_the_given_tokens_and_picks_the_rest_greedily(make_config, arch):
+    torch.manual_seed(0)
+    cfg = make_config(["task=copy", "model=tiny", "model.dropout=0.0"])
+    architecture = Architecture.from_config({g: cfg[g] for g in ARCHITECTURE})
+    net = SyntheticSystem.network(architecture, vocab_size=13, arch=arch).eval()
+    given = [True, False, True, False]
+    items = [Item([1, 2, 3], [4, 5, 6, 7], 3, 0, given), Item([3, 2, 1], [9, 8, 7, 6], 3, 0, given)]
+    batch = collate(items, SPECIALS, arch)
+    decoded = decoded_answers(net, batch, SPECIALS)
+    src = torch.tensor([item.input for item in items])
+    fed = src.new_full((2, 1), SPECIALS.sep)
+    if arch == "decoder":
+        fed = torch.cat((src, fed), 1)
+    with torch.no_grad():  # without the cache, one step after another
+        for step, forced in enumerate(batch["forced"].unbind(1)):
+            logits = net(fed) if arch == "decoder" else net(src, src == SPECIALS.pad, fed)
+            free = logits[:, -1].argmax(-1)
+            assert (decoded[:, step] == torch.where(forced == I, free, forced)).all()
+            fed = torch.cat((fed, decoded[:, step : step + 1]), 1)
+    assert decoded[:, 0].tolist() == [4, 9] and decoded[:, 4].tolist() == [12, 12]
 
 
 def test_answers_are_scored_position_by_position_with_the_end_included():

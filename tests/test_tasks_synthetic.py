@@ -24,7 +24,7 @@ from attnlab.tasks.parity import Parity
 from attnlab.tasks.passkey import FILLER, KEY, QUERY, Passkey
 from attnlab.tasks.reverse import Reverse
 from attnlab.tasks.sort import Sort
-from attnlab.tasks.synthetic import Generator
+from attnlab.tasks.synthetic import Example, Generator
 
 
 def generator(task: str, **options: Any) -> Generator:
@@ -42,9 +42,10 @@ TASKS = {  # every task and variant
     "addition": generator("addition"),
     "addition_reversed": generator("addition", reverse_digits=True),
     "parity": Parity(),
-    "mqar": generator("mqar", vocab_size=64, num_kv_pairs=3),
+    "mqar": generator("mqar", vocab_size=64, num_kv_pairs=3, layout="answers_after"),
     "mqar_scaled": generator(
         "mqar",
+        layout="answers_after",
         vocab_size=256,
         num_kv_pairs=None,
         tokens_per_pair=8,
@@ -139,8 +140,8 @@ SOLVE = {
 def test_examples_carry_the_independently_computed_answer(name, extra, seed):
     task = TASKS[name]
     length = task.min_length + extra
-    tokens, answer = task.example(length, Random(seed))
-    assert answer == SOLVE[type(task)](task, length, tokens)
+    tokens, answer, given = Example(*task.example(length, Random(seed)))
+    assert given is None and answer == SOLVE[type(task)](task, length, tokens)
     assert all(0 <= t < task.symbols and type(t) is int for t in tokens + answer)
 
 
@@ -176,7 +177,7 @@ GOLDEN = {  # seed 0: fixed test sets must not change between machines or Python
 @pytest.mark.parametrize("name", TASKS)
 def test_seed_0_still_draws_the_recorded_example(name):
     length, example = GOLDEN[name]
-    assert TASKS[name].example(length, Random(0)) == example
+    assert Example(*TASKS[name].example(length, Random(0))) == Example(*example)
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -276,21 +277,24 @@ def test_mqar_query_slots_are_successive_power_law_draws(space, count, power_a):
 
 
 def test_mqar_asks_its_keys_in_every_order():
-    task, rng = generator("mqar", vocab_size=64, num_kv_pairs=3, power_a=1.0), Random(0)
+    options = {"vocab_size": 64, "num_kv_pairs": 3, "power_a": 1.0, "layout": "answers_after"}
+    task, rng = generator("mqar", **options), Random(0)
     orders = set()
     for _ in range(300):
-        tokens, answer = task.example(40, rng)
+        tokens, answer, _ = task.example(40, rng)
         orders.add(tuple(tokens[1:6:2].index(value) for value in answer))
     assert orders == set(itertools.permutations(range(3)))
 
 
 def test_mqar_power_law_keeps_queries_nearer_the_context_than_uniform():
     def mean_offset(power_a):
-        task = generator("mqar", vocab_size=64, num_kv_pairs=2, power_a=power_a)
+        task = generator(
+            "mqar", vocab_size=64, num_kv_pairs=2, power_a=power_a, layout="answers_after"
+        )
         rng = Random(0)
         offsets = []
         for _ in range(200):
-            tokens, _ = task.example(200, rng)
+            tokens = task.example(200, rng).input
             offsets += [i for i, t in enumerate(tokens[4:]) if t in tokens[0:4:2]]
         return sum(offsets) / len(offsets)
 
@@ -298,10 +302,28 @@ def test_mqar_power_law_keeps_queries_nearer_the_context_than_uniform():
 
 
 def test_mqar_scaled_pairs_follow_the_length_until_the_keys_run_out():
-    task = generator("mqar", vocab_size=20, num_kv_pairs=None, tokens_per_pair=4)  # keys 1..9
-    assert len(task.example(39, Random(0))[1]) == 9
+    task = generator(  # keys 1..9
+        "mqar", vocab_size=20, num_kv_pairs=None, tokens_per_pair=4, layout="answers_after"
+    )
+    assert len(task.example(39, Random(0)).output) == 9
     with pytest.raises(ConfigError, match="vocab_size"):
         task.example(40, Random(0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(extra=st.integers(0, 60), seed=st.integers(0, 2**32), random_filler=st.booleans())
+def test_mqar_zoology_layout_asks_for_each_value_right_after_its_query(extra, seed, random_filler):
+    options = {"vocab_size": 64, "num_kv_pairs": 3, "random_filler": random_filler}
+    zoology = generator("mqar", layout="zoology", **options)
+    after = generator("mqar", layout="answers_after", **options)
+    length = zoology.min_length + extra
+    context, region, given = zoology.example(length, Random(seed))
+    tokens, answer, _ = after.example(length, Random(seed))  # the same draws, laid out after SEP
+    assert context == tokens[:6] and len(context) + len(region) == length
+    predicted = [i for i, g in enumerate(given) if not g]
+    assert [region[i] for i in predicted] == answer  # the values, in the order asked
+    assert [region[i - 1] for i in predicted] == [t for t in tokens[6:] if t in context[0::2]]
+    assert all(region[i] == tokens[6 + i] for i in range(len(region)) if given[i])
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])

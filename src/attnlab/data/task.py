@@ -32,7 +32,8 @@ class PairBatch(TypedDict):
 class AnswerBatch(TypedDict):
     """SyntheticSystem's (the length-generalization tasks): what both layouts hold."""
 
-    answers: Tensor  # [B, A] each output, then EOS, IGNORE-padded: what is scored
+    answers: Tensor  # [B, A] each output, then EOS; IGNORE at padding and given tokens: scored
+    forced: Tensor  # [B, A] the given tokens of each output (and its end), IGNORE elsewhere
     lengths: Tensor  # [B] each input's length, in the task's measure
     buckets: Tensor  # [B] each example's test bucket (0 at validation)
 

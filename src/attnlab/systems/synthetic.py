@@ -5,7 +5,8 @@ short inputs, score greedy answers on longer ones.
 `output EOS` only. `arch=encoder_decoder`: the encoder reads the input, the decoder `SEP
 output` and predicts `output EOS`. Evaluation decodes greedily over the key/value cache, as
 many steps as the answer has tokens (an answer that has not ended by then is wrong anyway),
-and scores each example's `output EOS` position by position against the decoded tokens:
+feeding an output's given tokens as they are (attnlab.tasks.synthetic), and scores each
+example's `output EOS` position by position against the decoded tokens, given ones excluded:
 `acc` is exact match (every position right: the output, then the end exactly there),
 `token_acc` the share of right positions; `loss` is the teacher-forced loss per answer token.
 Validation scores the training lengths (`val/acc`, what checkpoints are chosen by); the test
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from attnlab.data.task import IGNORE, SyntheticBatch, TaskData
 from attnlab.decoding import Decoder
-from attnlab.generation import continue_text
+from attnlab.generation import Pick, continue_text
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM, EncoderDecoder
@@ -35,26 +36,36 @@ SPLITS = {"val": "valid", "test": "test"}
 TALLIES = ("examples", "exact", "right_tokens", "tokens", "nll")  # a row per bucket
 
 
-def greedy(log_probs: Tensor) -> Tensor:
-    return log_probs.argmax(-1)
+def greedy_but_given(forced: Tensor) -> Pick:
+    """Greedy picks, one step after another, except where forced [B, A] holds a given token
+    (IGNORE elsewhere): that token is taken as it is."""
+    steps = iter(forced.unbind(1))
+
+    def pick(log_probs: Tensor) -> Tensor:
+        given = next(steps)
+        return torch.where(given == IGNORE, log_probs.argmax(-1), given)
+
+    return pick
 
 
 @torch.no_grad()
 def decoded_answers(
     net: DecoderLM | EncoderDecoder, batch: SyntheticBatch, specials: Specials
 ) -> Tensor:
-    """Greedy tokens [B, A] after each example's input, A the batch's longest answer."""
-    steps = batch["answers"].shape[1]
+    """Greedy tokens [B, A] after each example's input, A the batch's longest answer, with
+    the given tokens fed as they are."""
+    forced = batch["forced"]
+    steps, pick = forced.shape[1], greedy_but_given(forced)
     if isinstance(net, DecoderLM):
         prompt = batch["prompt"]
         if not bool((prompt == prompt[0]).all()):
             raise ValueError("a decoder's evaluation batch needs inputs of one length")
-        return continue_text(net, batch["tokens"][:, : int(prompt[0])], steps, greedy)
+        return continue_text(net, batch["tokens"][:, : int(prompt[0])], steps, pick)
     src = batch["src"]
     decoder = Decoder(net, src, src == specials.pad, 1, True, steps)
     tokens = src.new_full((src.shape[0], 1), specials.sep)
     for _ in range(steps):
-        tokens = torch.cat((tokens, greedy(decoder.log_probs(tokens))[:, None]), 1)
+        tokens = torch.cat((tokens, pick(decoder.log_probs(tokens))[:, None]), 1)
     return tokens[:, 1:]
 
 
@@ -144,7 +155,7 @@ class SyntheticSystem(System):
             keep = int((batch["tokens"] != pad).sum())
             return {"tokens": batch["tokens"][:, :keep]}
         keep = int((batch["src"] != pad).sum())
-        answer = int((batch["answers"] != IGNORE).sum())
+        answer = int((batch["tgt"] != pad).sum())
         return {"src": batch["src"][:, :keep], "tgt": batch["tgt"][:, :answer]}
 
     def logits(self, batch: SyntheticBatch) -> Tensor:

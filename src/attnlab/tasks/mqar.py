@@ -3,8 +3,8 @@ Recall in Efficient Language Models", ICLR 2024, arXiv 2312.04927; reference gen
 HazyResearch/zoology `zoology/data/multiquery_ar.py`): key–value pairs, then queries for
 every key; the answers are the queried keys' values.
 
-Layout of the input, as Zoology's: the context k1 v1 k2 v2 … kN vN (N = num_kv_pairs), then
-a query region filling the input up to `length` tokens. Token 0 is the filler; keys are
+The sequence, as Zoology's: the context k1 v1 k2 v2 … kN vN (N = num_kv_pairs), then a
+query region, `length` tokens in all. Token 0 is the filler; keys are
 drawn without replacement from 1..V/2−1 and values from V/2..V−1 (V = vocab_size, halves
 rounded down), so keys and values never share a token. Each key is asked once, at an even
 offset 2s of the query region (s = 0..⌊(length−2N)/2⌋−1); the N slots are drawn without
@@ -12,16 +12,22 @@ replacement with weight (s+1)^(a−1) (a = power_a: 0.01, Zoology's default, put
 just after the context, 1 spreads them uniformly), by an exponential race (the N smallest
 Exp(1)/weight), which gives the same distribution as drawing one slot after another.
 
-Output, unlike Zoology: the values of the queried keys in the order the queries appear.
-Zoology trains a next-token model with a label at each query's position (its value) and
-ignores every other position; the value never enters the input. The decoder layout here is
-`input SEP output` with the loss on the output only, which has no labels inside the input,
-so the answers move after SEP. This is harder than Zoology's task: the i-th answer must
-first find the i-th query in the region (a positional step) before looking up its value,
-and answers see the earlier answers. Also unlike Zoology, which key sits in which slot is a
-uniform random permutation; Zoology gives its keys, in context order, the slots in the order
-numpy draws them, and as each draw avoids the slots already taken, late keys tend to get far
-slots: its query order leans towards the context order.
+Two layouts (`layout`). `zoology`, the paper's: the input is the context, and the output is
+the query region, every token of it given (fed to the model, not predicted) but the one after
+each query, which is the queried key's value, predicted and scored. As in Zoology the answer
+is due right where its query stands, and exact match asks every value right. One difference:
+Zoology's next input token after a query is a filler and its label the value; here the value
+itself is the next token (the teacher's in training, the model's own in decoding), which no
+later query can use, as each key is asked once.
+`answers_after`: the input is context and query region, and the output the values of the
+queried keys in the order the queries appear, after SEP. This is harder: the i-th answer must
+first find the i-th query in the region (a positional step) before it looks up the value. A
+model of 2 layers and width 64 did not learn it in 10,000 steps with any encoding (RESULTS.md,
+study 7), where it had learned copy, reverse, sort, parity and passkey.
+Unlike Zoology, which key sits in which slot is a uniform random permutation; Zoology gives
+its keys, in context order, the slots in the order numpy draws them, and as each draw avoids
+the slots already taken, late keys tend to get far slots: its query order leans towards the
+context order.
 
 Length = the number of input tokens (Zoology's input_seq_len), with N fixed by
 `num_kv_pairs`: longer inputs then only add distance between queries and the pairs they ask
@@ -46,6 +52,7 @@ from attnlab.settings import ConfigError, is_count, is_number, require_counts
 from attnlab.tasks.synthetic import OPTIONS, Example, require_flags, require_length
 
 FILLER = 0
+LAYOUTS = ("zoology", "answers_after")
 
 
 class MQAR:
@@ -56,6 +63,7 @@ class MQAR:
         tokens_per_pair: int | None,
         power_a: float,
         random_filler: bool,
+        layout: str,
     ) -> None:
         require_counts(OPTIONS, vocab_size=vocab_size)
         if (num_kv_pairs is None) == (tokens_per_pair is None):
@@ -76,7 +84,10 @@ class MQAR:
                 "(0.01: queries near the context, 1: uniform)"
             )
         require_flags(random_filler=random_filler)
+        if layout not in LAYOUTS:
+            raise ConfigError(f"{OPTIONS}.layout={layout!r} is not one of: {', '.join(LAYOUTS)}")
         self.symbols, self.power_a, self.random_filler = vocab_size, power_a, random_filler
+        self.layout = layout
         self.num_kv_pairs, self.tokens_per_pair = num_kv_pairs, tokens_per_pair
         self.min_length = 4 * num_kv_pairs if num_kv_pairs is not None else tokens_per_pair
         if num_kv_pairs is not None:
@@ -109,7 +120,12 @@ class MQAR:
         asked = rng.sample(range(pairs), pairs)  # asked[i]: the pair queried at slots[i]
         for slot, pair in zip(slots, asked, strict=True):
             region[2 * slot] = keys[pair]
-        return context + region, [values[pair] for pair in asked]
+        if self.layout == "answers_after":
+            return Example(context + region, [values[pair] for pair in asked])
+        given = [True] * len(region)
+        for slot, pair in zip(slots, asked, strict=True):
+            region[2 * slot + 1], given[2 * slot + 1] = values[pair], False
+        return Example(context, region, given)
 
     def filler(self, size: int, keys: set[int], rng: random.Random) -> list[int]:
         if not self.random_filler:

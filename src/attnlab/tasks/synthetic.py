@@ -7,6 +7,11 @@ its specials (PAD, SEP, EOS) after them and lays an example out for a decoder as
 `input SEP output EOS`, with the loss and exact match on `output EOS`. What "length" means
 is the task's own measure (list length, digits per operand, tokens), stated in its module.
 
+An example may also mark output tokens as given: prompts inside the output (MQAR's queries in
+Zoology's layout), fed to the model as they are, in training and in decoding alike, and
+neither predicted nor scored. The end of such an output is given too: its prompts fix its
+length, so there is nothing to predict there.
+
 Examples come from Python's `random.Random` (a Mersenne Twister in the standard library), not
 torch: for a given seed it draws the same examples on every platform and device, so a fixed
 test set is the same everywhere. tests/test_tasks_synthetic.py pins one example per task so
@@ -34,7 +39,11 @@ from attnlab.settings import ConfigError, build, is_count, require_counts
 OPTIONS = "task.data.generator"  # where a generator's options sit, for error messages
 ARCHS = ("decoder", "encoder_decoder")
 
-Example = tuple[list[int], list[int]]  # (input, output)
+
+class Example(NamedTuple):
+    input: list[int]
+    output: list[int]
+    given: list[bool] | None = None  # per output token; None: every one is predicted
 
 
 @runtime_checkable
@@ -78,6 +87,7 @@ class Item(NamedTuple):
     output: list[int]
     length: int
     bucket: int  # index into the split's buckets
+    given: list[bool] | None = None  # as Example.given
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,8 @@ def drawn(generator: Generator, lengths: range, count: int, seed: str, bucket: i
     items = []
     for _ in range(count):
         length = rng.choice(lengths)
-        items.append(Item(*generator.example(length, rng), length, bucket))
+        example = Example(*generator.example(length, rng))
+        items.append(Item(example.input, example.output, length, bucket, example.given))
     return items
 
 
@@ -126,16 +137,31 @@ class TrainExamples(Dataset):
         return drawn(self.generator, self.lengths, 1, f"train:{self.seed}:{index}", 0)[0]
 
 
+def answer_rows(item: Item, eos: int) -> tuple[list[int], list[int]]:
+    """The item's `output EOS` as scored (IGNORE at given tokens) and as forced (the given
+    tokens, IGNORE at the others)."""
+    whole = [*item.output, eos]
+    if item.given is None:
+        return whole, [IGNORE] * len(whole)
+    given = [*item.given, True]  # a prompted output's end is given with its prompts
+    scored = [IGNORE if g else token for token, g in zip(whole, given, strict=True)]
+    forced = [token if g else IGNORE for token, g in zip(whole, given, strict=True)]
+    return scored, forced
+
+
 def collate(items: list[Item], specials: Specials, arch: str) -> SyntheticBatch:
     """A batch for `arch` (DecoderAnswerBatch or EncoderDecoderAnswerBatch). A decoder's
     rows are right-padded: a causal stack never reads the padding of a row from its real
     tokens."""
     rows = len(items)
     answers = torch.full((rows, max(len(i.output) for i in items) + 1), IGNORE)
+    forced = torch.full_like(answers, IGNORE)
     for row, item in enumerate(items):
-        answers[row, : len(item.output) + 1] = torch.tensor([*item.output, specials.eos])
+        scored, given = answer_rows(item, specials.eos)
+        answers[row, : len(scored)], forced[row, : len(given)] = map(torch.tensor, (scored, given))
     batch = {
         "answers": answers,
+        "forced": forced,
         "lengths": torch.tensor([item.length for item in items]),
         "buckets": torch.tensor([item.bucket for item in items]),
     }
@@ -145,9 +171,7 @@ def collate(items: list[Item], specials: Specials, arch: str) -> SyntheticBatch:
         targets = torch.full((rows, tokens.shape[1] - 1), IGNORE)
         for row, (item, sequence) in enumerate(zip(items, sequences, strict=True)):
             tokens[row, : len(sequence)] = torch.tensor(sequence)
-            targets[row, len(item.input) : len(sequence) - 1] = tokens[
-                row, len(item.input) + 1 : len(sequence)
-            ]
+            targets[row, len(item.input) : len(sequence) - 1] = answers[row, : len(item.output) + 1]
         prompt = torch.tensor([len(item.input) + 1 for item in items])
         return {**batch, "tokens": tokens, "targets": targets, "prompt": prompt}
     src = torch.full((rows, max(len(i.input) for i in items)), specials.pad)

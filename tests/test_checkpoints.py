@@ -117,6 +117,25 @@ def test_a_run_recorded_before_data_seed_keeps_the_data_its_seed_drew(data, adde
     assert stored_overrides(record) == ["seed=2", *added]
 
 
+MQAR = "attnlab.tasks.mqar.MQAR"
+
+
+@pytest.mark.parametrize(
+    "generator,added",
+    [
+        ({"_target_": MQAR}, ["task.data.generator.layout=answers_after"]),  # before layout
+        ({"_target_": MQAR, "layout": "zoology"}, []),  # recorded with it
+        ({"_target_": "attnlab.tasks.copy.Copy"}, []),
+    ],
+)
+def test_an_mqar_run_recorded_before_layout_keeps_the_layout_it_learned(generator, added):
+    record = {
+        "overrides": ["task=mqar"],
+        "config": {"paths": {"root_dir": "/r"}, "task": {"data": {"generator": generator}}},
+    }
+    assert stored_overrides(record) == ["task=mqar", *added]
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A real checkpoint of a 1-epoch tiny probe run."""

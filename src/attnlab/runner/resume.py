@@ -67,6 +67,8 @@ MOVED = {
         "vocab_size", "model_type", "character_coverage", "joint_vocab", "num_threads")},
     "task.data.tokenizer_pairs": "task.data.tokenizer.pairs",
 }  # fmt: skip
+# generator options added with a new default: a run recorded before then keeps the value it ran
+EARLIER_GENERATOR = {"attnlab.tasks.mqar.MQAR": {"layout": "answers_after"}}
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
 
@@ -169,10 +171,11 @@ def check_data_present(stored: list[str], args: list[str], program: str) -> None
 
 def stored_overrides(record: dict[str, Any]) -> list[str]:
     """The record's overrides that may be applied again, data locations made absolute, and
-    the data seed of a run recorded before `task.data.data_seed` existed."""
+    the data seed or generator options of a run recorded before those settings existed."""
     kept = allowed_overrides(record["overrides"], "the checkpoint")
     located = absolute_locations(kept, record["config"]["paths"]["root_dir"])
-    return respelled(located, record["config"]) + earlier_data_seed(record["config"])
+    config = record["config"]
+    return respelled(located, config) + earlier_data_seed(config) + earlier_generator(config)
 
 
 def respelled(overrides: list[str], config: dict[str, Any]) -> list[str]:
@@ -197,6 +200,14 @@ def earlier_data_seed(config: dict[str, Any]) -> list[str]:
     if data.get("_target_") in DATA_SEEDED and "data_seed" not in data and type(seed) is int:
         return [f"task.data.data_seed={seed}"]
     return []
+
+
+def earlier_generator(config: dict[str, Any]) -> list[str]:
+    """For a run recorded before an option of its task's generator existed (mqar's layout),
+    the value it ran with, so that it is evaluated or resumed on the task it learned."""
+    generator = ((config.get("task") or {}).get("data") or {}).get("generator") or {}
+    earlier = EARLIER_GENERATOR.get(generator.get("_target_"), {})
+    return [f"task.data.generator.{k}={v}" for k, v in earlier.items() if k not in generator]
 
 
 def evaluation_arguments(args: list[str]) -> list[str]:

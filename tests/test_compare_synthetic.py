@@ -14,6 +14,7 @@ import yaml
 from test_compare import fake_run
 from test_compare_lm import is_png_image
 
+from attnlab.compare.generalization import generalization_table
 from attnlab.compare.lengths import (
     by_task,
     longer_accuracy,
@@ -21,9 +22,10 @@ from attnlab.compare.lengths import (
     reciprocal_ranks,
 )
 from attnlab.compare.report import compare
-from attnlab.compare.results import generalization_table
+from attnlab.compare.results import regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations
+from attnlab.settings import ConfigError
 
 # task -> its bucket ends; pe -> exact match in each bucket, before the seed's shift
 BUCKETS = {"copy": (20, 40, 60, 80), "mqar": (64, 128)}
@@ -111,7 +113,7 @@ def test_the_results_table_gives_each_bucket_with_its_interval_and_the_ranks(swe
     copy_rope = next(
         line for line in table.splitlines() if line.startswith("| pe=rope | 2 | 0.990")
     )
-    assert copy_rope.count("±") == 4  # a 95% interval in each of copy's four buckets
+    assert copy_rope.count("±") == 5  # a 95% interval in each of four buckets and past them
     assert "| pe=none | 2 | 1.000 ± 0.000 |" in table  # first in both copy seeds
 
 
@@ -135,3 +137,50 @@ def test_the_results_table_counts_the_seeds_that_learned_the_task(tmp_path):
     table = generalization_table(configs(tmp_path))
     assert "| configuration | seeds | learned | ≤20 |" in table
     assert "| pe=rope | 2 | 1 of 2 |" in table
+
+
+def study_with_three_seeds(root: Path) -> Path:
+    """docs/results/runs/lg under `root`: copy with rope, none and alibi, seeds 0, 1 and 2."""
+    records = root / "docs" / "results" / "runs" / "lg"
+    for job, (pe, seed) in enumerate(
+        (pe, s) for pe in ("rope", "none", "alibi") for s in (0, 1, 2)
+    ):
+        fake_synthetic_run(records / str(job), "copy", pe, seed)
+    return records
+
+
+def test_each_table_gives_exact_match_past_the_training_lengths(tmp_path):
+    table = generalization_table(configs(study_with_three_seeds(tmp_path)))
+    # none, seeds shifted 0, 0.02, 0.04: s = 0.02, t(0.975, 2) = 4.303; past 20: (0.9 + 0.8 + 0.7) / 3
+    assert (
+        "| pe=none | 3 | 0.980 ± 0.050 | 0.880 ± 0.050 | 0.780 ± 0.050 | 0.680 ± 0.050 | 0.780 ± 0.050 |"
+        in table
+    )
+
+
+def test_an_among_block_ranks_only_its_configurations_and_judges_each_pair(tmp_path):
+    study_with_three_seeds(tmp_path)
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text(
+        "<!-- results:lg generalization among=pe=none;pe=rope -->\n<!-- /results:lg -->\n"
+    )
+    text = regenerate(results_md, draw=True)
+    assert "pe=alibi" not in text  # kept out of the ranks
+    assert "**copy**" not in text  # the tables by length are the full block's
+    # ranked among the two: none first in each seed, rope second (third among all three)
+    assert "| pe=none | 3 | 1.000 ± 0.000 |" in text
+    assert "| pe=rope | 3 | 0.500 ± 0.000 |" in text
+    assert text.index("| pe=none | 3 | 1.000") < text.index("| pe=rope | 3 | 0.500")
+    assert "| first | second | mean reciprocal rank | copy |" in text
+    assert "| pe=none | pe=rope | ahead | ahead |" in text
+    assert "![" not in text and not (tmp_path / "docs" / "results" / "lg.png").exists()
+
+
+def test_an_among_block_naming_a_configuration_the_records_lack_is_one_sentence(tmp_path):
+    study_with_three_seeds(tmp_path)
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text(
+        "<!-- results:lg generalization among=pe=none;pe=t5 -->\n<!-- /results:lg -->\n"
+    )
+    with pytest.raises(ConfigError, match="names pe=t5 among its configurations, which its"):
+        regenerate(results_md)

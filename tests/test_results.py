@@ -20,7 +20,7 @@ from test_compare import fake_run
 from attnlab.compare.report import compare
 from attnlab.compare.results import archive, budget, regenerate
 from attnlab.compare.runs import find_runs
-from attnlab.compare.seeds import best_first, configurations, standing, summary
+from attnlab.compare.seeds import best_first, compared, configurations, standing, summary
 from attnlab.settings import ConfigError
 
 FIXTURE = Path(__file__).parent / "data" / "results"
@@ -242,3 +242,18 @@ def test_with_seeds_swept_the_curves_are_configurations_with_their_range(tmp_pat
     compare(tmp_path)
     band = ([10, 20], [4.0, 3.0], [3.0, 2.0], [5.0, 4.0])  # steps, mean, smallest, largest
     assert drawn["val/loss"] == {"pe=rope (2 seeds)": band, "pe=t5 (2 seeds)": band}
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "verdict"),
+    [
+        ([0.9, 0.91, 0.92], [0.5, 0.6, 0.7], "ahead"),  # 0.910 ± 0.025 against 0.600 ± 0.248
+        ([0.5, 0.6, 0.7], [0.9, 0.91, 0.92], "behind"),
+        ([0.9, 0.91, 0.92], [0.6, 0.7, 0.8], "tie"),  # 0.700 ± 0.248 reaches 0.948
+        ([0.9, 0.91, 0.92], [0.5, 0.6], "fewer than 3 seeds"),
+        ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], "tie"),  # equal, no spread
+        ([0.01, 0.01, 0.01], [0.0, 0.0, 0.0], "ahead"),  # unequal, no spread
+    ],
+)
+def test_two_configurations_differ_only_when_their_intervals_do_not_overlap(first, second, verdict):
+    assert compared(first, second) == verdict

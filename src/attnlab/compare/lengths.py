@@ -302,6 +302,11 @@ def longer_accuracy(run: Run) -> float | None:
     return sum(longer) / len(longer) if longer else None
 
 
+def longer_accuracies(config: Configuration) -> list[float]:
+    """`longer_accuracy` of each of the configuration's seeds that has one."""
+    return [found for run in config.runs if (found := longer_accuracy(run)) is not None]
+
+
 def reciprocal_ranks(grouped: dict[str, dict[str, Configuration]]) -> dict[str, list[float]]:
     """label -> 1/rank of its configuration in each (task, seed) both ran, ranked by
     `longer_accuracy`, best first, tied values sharing their mean rank (Kazemnejad et al.

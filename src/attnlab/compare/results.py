@@ -10,6 +10,12 @@ RESULTS.md marks where a study's table goes:
     ... generated: the table and a link to its heat map ...
     <!-- /results:<study> -->
 
+`among=<label>;<label>;...` (labels without the task) keeps only those configurations, in
+that order, and draws no plot: a claim about some of a study's configurations is judged among
+them alone (Kazemnejad et al. rank five encodings, not twelve). A generalization block then
+gives, instead of the tables by length that the study's full block holds, their mean
+reciprocal ranks among themselves and the verdict rule's answer for each pair of them.
+
 Each block opens with the study's budget read from the runs' configs and statuses (steps,
 learning rate, warm-up, schedule, checkpoint selection, early stopping), so that the text
 cannot drift from what ran. `attnlab results` rewrites each block from docs/results/runs/<study>/ and draws
@@ -41,15 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnlab.compare.generalization import generalization_contrasts, generalization_table
 from attnlab.compare.lengths import (
-    ACCURACY,
     STAGE,
     WINDOWS,
-    by_task,
     lengths,
     plot_accuracy_by_length,
     plot_ppl_by_length,
-    reciprocal_ranks,
     seeds_summary,
 )
 from attnlab.compare.report import (
@@ -76,7 +80,8 @@ RECORD = (
     HYPOTHESES,  # a sequence-to-sequence model's test output, for the paired bootstrap
 )
 BLOCK = re.compile(
-    r"(?P<open><!-- results:(?P<study>[\w-]+) (?P<kind>\w+)(?: baseline=(?P<baseline>\S+))? -->\n)"
+    r"(?P<open><!-- results:(?P<study>[\w-]+) (?P<kind>\w+)"
+    r"(?: baseline=(?P<baseline>\S+))?(?: among=(?P<among>\S+))? -->\n)"
     r"(?P<body>.*?)(?P<close><!-- /results:(?P=study) -->)",
     re.DOTALL,
 )
@@ -202,51 +207,13 @@ def lengths_table(configs: list[Configuration]) -> str:
     return f"{legend}\n\n{markdown_table(rows)}"
 
 
-def learned(run: Run) -> bool | None:
-    """Whether the run's validation exact match reached its early-stopping threshold within
-    its budget (None for a run without one)."""
-    threshold = run.setting("callbacks.early_stopping.stopping_threshold")
-    best = run.best("val/acc", "max")
-    return None if threshold in (None, "None") or best is None else best >= float(threshold)
-
-
-def generalization_table(configs: list[Configuration]) -> str:
-    """Per task and configuration: how many seeds learned the task (validation exact match
-    at the early-stopping threshold), test exact match in each bucket (the first holds the
-    training lengths), the mean ± the half-width of its 95% t interval over the seeds; then
-    each configuration's mean reciprocal rank over the tasks and seeds."""
-    grouped = by_task(configs)
-    parts = []
-    for task, found in grouped.items():
-        runs = [run for config in found.values() for run in config.runs]
-        rows = []
-        for label, config in found.items():
-            cells: Row = {"configuration": label, "seeds": len(config.runs)}
-            reached = [done for run in config.runs if (done := learned(run)) is not None]
-            if reached:
-                cells["learned"] = f"{sum(reached)} of {len(reached)}"
-            for end in lengths(runs, ACCURACY):
-                cells[f"≤{end}"] = summary(config.values(f"{ACCURACY}@{end}"))
-            rows.append(cells)
-        parts.append(f"**{task}**: test exact match by bucket of lengths\n\n{markdown_table(rows)}")
-    ranks = reciprocal_ranks(grouped)
-    rows = [
-        {"configuration": label, "ranked": len(found), "mean reciprocal rank": summary(found)}
-        for label, found in sorted(ranks.items(), key=lambda item: -sum(item[1]) / len(item[1]))
-    ]
-    legend = (
-        "**Mean reciprocal rank** over every task and seed: configurations ranked by exact "
-        "match in the buckets past the training lengths (their mean), ties sharing a rank"
-    )
-    return "\n\n".join([*parts, f"{legend}\n\n{markdown_table(rows)}"])
-
-
 @dataclass(frozen=True)
 class Kind:
     table: Callable[[list[Configuration]], str]
     plot: Callable[[list[Configuration], Path], list[Path]]
     caption: str
     task: str | None = None  # the task whose runs it reads; None: any
+    contrasts: Callable[[list[Configuration]], str] | None = None  # an `among=` block's table
 
 
 def validation_loss(configs: list[Configuration], path: Path) -> list[Path]:
@@ -258,7 +225,12 @@ KINDS = {
     "extrapolation": Kind(extrapolation_table, plot_by_position, "accuracy by position", "probe"),
     "configurations": Kind(configurations_table, validation_loss, "validation loss by step"),
     "lengths": Kind(lengths_table, plot_ppl_by_length, "perplexity by evaluation length", "lm"),
-    "generalization": Kind(generalization_table, plot_accuracy_by_length, "exact match by length"),
+    "generalization": Kind(
+        generalization_table,
+        plot_accuracy_by_length,
+        "exact match by length",
+        contrasts=generalization_contrasts,
+    ),
 }
 
 
@@ -297,9 +269,29 @@ def budget(runs: list[Run]) -> str:
     return "Budget, from the runs' records: " + "; ".join(parts) + "."
 
 
-def block(study: str, kind: str, root: Path, draw: bool, baseline: str | None = None) -> str:
+def among(configs: list[Configuration], labels: list[str], study: str) -> list[Configuration]:
+    """The configurations labelled `labels` (without the task), in that order."""
+    found = {config.label_without("task") for config in configs}
+    if missing := [label for label in labels if label not in found]:
+        raise ConfigError(
+            f"RESULTS.md block {study} names {', '.join(missing)} among its configurations, "
+            f"which its records do not hold: use labels of {'; '.join(sorted(found))}"
+        )
+    kept = [config for config in configs if config.label_without("task") in labels]
+    return sorted(kept, key=lambda config: labels.index(config.label_without("task")))
+
+
+def block(
+    study: str,
+    kind: str,
+    root: Path,
+    draw: bool,
+    baseline: str | None = None,
+    only: str | None = None,
+) -> str:
     """The generated text of one study's block, from root/docs/results/runs/<study>; with a
-    baseline (a configuration's label), the paired bootstrap of test BLEU against it."""
+    baseline (a configuration's label), the paired bootstrap of test BLEU against it; with
+    `only` (labels joined by ";"), those configurations alone and no plot."""
     if kind not in KINDS:
         raise ConfigError(f"RESULTS.md block {study} has kind {kind!r}: use one of {list(KINDS)}")
     records = root / "docs" / "results" / "runs" / study
@@ -313,9 +305,16 @@ def block(study: str, kind: str, root: Path, draw: bool, baseline: str | None = 
             f"records are of task {', '.join(sorted(map(str, tasks)))}: use kind configurations"
         )
     configs = configurations(runs, swept_keys(runs))
-    text = budget(runs) + "\n\n" + KINDS[kind].table(configs) + "\n"
+    if only is not None:
+        configs = among(configs, only.split(";"), study)
+        runs = [run for config in configs for run in config.runs]
+    contrasts = KINDS[kind].contrasts
+    table = contrasts if only is not None and contrasts else KINDS[kind].table
+    text = budget(runs) + "\n\n" + table(configs) + "\n"
     if baseline is not None:
         text += "\n" + bootstrap_table(configs, baseline, root) + "\n"
+    if only is not None:
+        return text
     image = root / "docs" / "results" / f"{study}.png"
     if draw:
         KINDS[kind].plot(configs, image)
@@ -329,6 +328,7 @@ def regenerate(results_md: Path, draw: bool = True) -> str:
     root = results_md.resolve().parent
 
     def rebuilt(m: re.Match[str]) -> str:
-        return m["open"] + block(m["study"], m["kind"], root, draw, m["baseline"]) + m["close"]
+        text = block(m["study"], m["kind"], root, draw, m["baseline"], m["among"])
+        return m["open"] + text + m["close"]
 
     return BLOCK.sub(rebuilt, results_md.read_text())

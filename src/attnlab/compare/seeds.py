@@ -125,6 +125,16 @@ def best_first(configs: list[Configuration], metric: str, mode: str) -> list[Con
     return sorted(configs, key=key)
 
 
+def compared(first: list[float], second: list[float]) -> str:
+    """`first` against `second` by the verdict rule (the module docstring): "ahead" when its
+    95% interval lies wholly above the other's, "behind" when wholly below, "tie" when they
+    overlap; "fewer than MIN_SEEDS seeds" when either has fewer values."""
+    if min(len(first), len(second)) < MIN_SEEDS:
+        return f"fewer than {MIN_SEEDS} seeds"
+    (low, high), (other_low, other_high) = bounds(first), bounds(second)
+    return "ahead" if low > other_high else "behind" if high < other_low else "tie"
+
+
 def standing(configs: list[Configuration], metric: str, mode: str) -> dict[str, str]:
     """Per configuration label, by the verdict rule (the module docstring): "best", "tie"
     (its 95% interval overlaps the best's) or "below"; nothing where some configuration has
@@ -134,10 +144,9 @@ def standing(configs: list[Configuration], metric: str, mode: str) -> dict[str, 
         return {}
     sign = 1.0 if mode == "max" else -1.0
     best = max(measured, key=lambda c: sign * (c.mean(metric) or 0.0))
-    low, high = bounds(best.values(metric))
-    result = {}
-    for config in measured:
-        lower, upper = bounds(config.values(metric))
-        overlaps = lower <= high and upper >= low
-        result[config.label] = "best" if config is best else "tie" if overlaps else "below"
-    return result
+    return {
+        config.label: "best" if config is best
+        else "tie" if compared(config.values(metric), best.values(metric)) == "tie"
+        else "below"
+        for config in measured
+    }  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 
 LABELLED = 16  # an example this long or shorter gets its positions on the axes
 CELL = 1.7  # inches per heat-map panel
+PANELS_PER_ROW = 4  # of a figure of bands: seven tasks side by side were too wide to read
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
 # x, and the mean, smallest and largest value (over seeds) at each x
 Band = tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]
@@ -159,12 +161,17 @@ def bands_figure(
     marks: Mapping[float, str],
     log_y: bool = True,
 ) -> Figure:
-    """One panel per title of `panels`, side by side on a shared y axis; in each, one line per
-    label: the mean, the range from smallest to largest shaded. x is on a log-2 scale (y too
-    with `log_y`); `marks` draws a dotted vertical line at each x, labelled in the legend. A
-    label keeps its colour in every panel."""
-    figure = Figure(figsize=(1.5 + 4.5 * len(panels), 4.0))
-    axes = figure.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    """One panel per title of `panels`, PANELS_PER_ROW to a row on a shared y axis; in each,
+    one line per label: the mean, the range from smallest to largest shaded. x is on a log-2
+    scale (y too with `log_y`); `marks` draws a dotted vertical line at each x, labelled in
+    the legend. A label keeps its colour in every panel."""
+    columns = min(len(panels), PANELS_PER_ROW)
+    rows = math.ceil(len(panels) / columns)
+    figure = Figure(figsize=(1.5 + 4.5 * columns, 4.0 * rows))
+    grid = figure.subplots(rows, columns, squeeze=False, sharey=True, gridspec_kw={"hspace": 0.4})
+    for ax in grid.flat[len(panels) :]:
+        ax.set_visible(False)
+    axes = list(grid.flat[: len(panels)])
     labels = list(dict.fromkeys(label for bands in panels.values() for label in bands))
     for ax, (title, bands) in zip(axes, panels.items(), strict=True):
         for label, (xs, mean, low, high) in bands.items():
@@ -180,12 +187,13 @@ def bands_figure(
             log10_y_axis(ax)
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3, which="both")
-    axes[0].set_ylabel(ylabel)
+    for row in grid:
+        row[0].set_ylabel(ylabel)
     handles = [ax.get_legend_handles_labels() for ax in axes]
     legend = {
         text: line for lines, texts in handles for line, text in zip(lines, texts, strict=True)
     }
-    axes[-1].legend(
+    grid[0][-1].legend(
         legend.values(), legend.keys(), fontsize=7, loc="center left",
         bbox_to_anchor=(1.01, 0.5), frameon=False,
     )  # fmt: skip

@@ -22,7 +22,7 @@ from attnlab.compare.lengths import (
     reciprocal_ranks,
 )
 from attnlab.compare.report import compare
-from attnlab.compare.results import regenerate
+from attnlab.compare.results import block_options, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations
 from attnlab.settings import ConfigError
@@ -184,3 +184,19 @@ def test_an_among_block_naming_a_configuration_the_records_lack_is_one_sentence(
     )
     with pytest.raises(ConfigError, match="names pe=t5 among its configurations, which its"):
         regenerate(results_md)
+
+
+@pytest.mark.parametrize("option", ["amongst=pe=none", "among=", "baseline"])
+def test_a_block_option_that_is_not_baseline_or_among_is_one_sentence(tmp_path, option):
+    study_with_three_seeds(tmp_path)
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text(f"<!-- results:lg generalization {option} -->\n<!-- /results:lg -->\n")
+    with pytest.raises(ConfigError, match=f"has option {option}: write each option as baseline="):
+        regenerate(results_md)
+
+
+def test_block_options_may_come_in_any_order():
+    expected = {"among": "pe=none;pe=rope", "baseline": "pe=rope"}
+    assert block_options("lg", " among=pe=none;pe=rope baseline=pe=rope") == expected
+    assert block_options("lg", " baseline=pe=rope among=pe=none;pe=rope") == expected
+    assert block_options("lg", "") == {}

@@ -10,9 +10,10 @@ RESULTS.md marks where a study's table goes:
     ... generated: the table and a link to its heat map ...
     <!-- /results:<study> -->
 
-`among=<label>;<label>;...` (labels without the task) keeps only those configurations, in
-that order, and draws no plot: a claim about some of a study's configurations is judged among
-them alone (Kazemnejad et al. rank five encodings, not twelve). A generalization block then
+Options come in any order. `among=<label>;<label>;...` (labels without the task) keeps
+only those configurations, in that order, and draws no plot: a claim about some of a study's
+configurations is judged among them alone (Kazemnejad et al. rank five encodings, not
+twelve). A generalization block then
 gives, instead of the tables by length that the study's full block holds, their mean
 reciprocal ranks among themselves and the verdict rule's answer for each pair of them.
 
@@ -80,11 +81,11 @@ RECORD = (
     HYPOTHESES,  # a sequence-to-sequence model's test output, for the paired bootstrap
 )
 BLOCK = re.compile(
-    r"(?P<open><!-- results:(?P<study>[\w-]+) (?P<kind>\w+)"
-    r"(?: baseline=(?P<baseline>\S+))?(?: among=(?P<among>\S+))? -->\n)"
+    r"(?P<open><!-- results:(?P<study>[\w-]+) (?P<kind>\w+)(?P<options>(?: \S+)*?) -->\n)"
     r"(?P<body>.*?)(?P<close><!-- /results:(?P=study) -->)",
     re.DOTALL,
 )
+OPTIONS = ("baseline", "among")  # a block's key=value options, in any order
 SOLVED = 0.99  # token accuracy of every seed at or above this: the probe is solved
 BUDGET = {  # what a block's budget line names, and the config key each run holds it at
     "lr": "task.optim.lr",
@@ -269,7 +270,19 @@ def budget(runs: list[Run]) -> str:
     return "Budget, from the runs' records: " + "; ".join(parts) + "."
 
 
-def among(configs: list[Configuration], labels: list[str], study: str) -> list[Configuration]:
+def block_options(study: str, text: str) -> dict[str, str]:
+    """A block's options ("baseline=pe=none among=a;b") by name."""
+    pairs = [option.partition("=") for option in text.split()]
+    if bad := [key + equals + value for key, equals, value in pairs
+               if key not in OPTIONS or not value]:  # fmt: skip
+        raise ConfigError(
+            f"RESULTS.md block {study} has option {', '.join(bad)}: write each option as "
+            f"{' or '.join(f'{name}=<value>' for name in OPTIONS)}"
+        )
+    return {key: value for key, _, value in pairs}
+
+
+def named(configs: list[Configuration], labels: list[str], study: str) -> list[Configuration]:
     """The configurations labelled `labels` (without the task), in that order."""
     found = {config.label_without("task") for config in configs}
     if missing := [label for label in labels if label not in found]:
@@ -287,11 +300,11 @@ def block(
     root: Path,
     draw: bool,
     baseline: str | None = None,
-    only: str | None = None,
+    among: str | None = None,
 ) -> str:
     """The generated text of one study's block, from root/docs/results/runs/<study>; with a
     baseline (a configuration's label), the paired bootstrap of test BLEU against it; with
-    `only` (labels joined by ";"), those configurations alone and no plot."""
+    `among` (labels joined by ";"), those configurations alone and no plot."""
     if kind not in KINDS:
         raise ConfigError(f"RESULTS.md block {study} has kind {kind!r}: use one of {list(KINDS)}")
     records = root / "docs" / "results" / "runs" / study
@@ -305,15 +318,15 @@ def block(
             f"records are of task {', '.join(sorted(map(str, tasks)))}: use kind configurations"
         )
     configs = configurations(runs, swept_keys(runs))
-    if only is not None:
-        configs = among(configs, only.split(";"), study)
+    if among is not None:
+        configs = named(configs, among.split(";"), study)
         runs = [run for config in configs for run in config.runs]
     contrasts = KINDS[kind].contrasts
-    table = contrasts if only is not None and contrasts else KINDS[kind].table
+    table = contrasts if among is not None and contrasts else KINDS[kind].table
     text = budget(runs) + "\n\n" + table(configs) + "\n"
     if baseline is not None:
         text += "\n" + bootstrap_table(configs, baseline, root) + "\n"
-    if only is not None:
+    if among is not None:
         return text
     image = root / "docs" / "results" / f"{study}.png"
     if draw:
@@ -328,7 +341,8 @@ def regenerate(results_md: Path, draw: bool = True) -> str:
     root = results_md.resolve().parent
 
     def rebuilt(m: re.Match[str]) -> str:
-        text = block(m["study"], m["kind"], root, draw, m["baseline"], m["among"])
+        options = block_options(m["study"], m["options"])
+        text = block(m["study"], m["kind"], root, draw, **options)
         return m["open"] + text + m["close"]
 
     return BLOCK.sub(rebuilt, results_md.read_text())

@@ -220,10 +220,28 @@ def test_a_blocks_budget_line_is_read_from_the_runs_configs_and_statuses(tmp_pat
         config["callbacks"] = {"early_stopping": {"monitor": "val/acc", "stopping_threshold": 0.99}}
         (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     assert budget(find_runs(tmp_path)) == (
-        "Budget, from the runs' records: at most 500 / 1000 steps; ran 500–740; lr 0.001; "
+        "Budget, from the runs' records: at most 500 / 1000 steps; ran 500–740 steps; lr 0.001; "
         "warm-up steps 100; schedule cosine / inverse_sqrt; validation generates for the first "
         "100 examples only; checkpoint tested: best val/acc (max) on validation; stopped early "
-        "on val/acc at 0.99."
+        "on val/acc at 0.99 (after 1 validation)."
+    )
+
+
+def test_a_budget_line_gives_the_stopping_rule_and_the_validations_each_run_made(tmp_path):
+    for job, epochs in enumerate((19, 24)):
+        rows = [{"step": 245 * (epoch + 1), "val/loss": 3.0} for epoch in range(epochs)]
+        run = fake_run(tmp_path / str(job), [f"seed={job}"], rows)
+        config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+        config["trainer"] = {"max_steps": -1, "max_epochs": 40}
+        config["callbacks"] = {
+            "early_stopping": {"monitor": "val/loss", "patience": 2, "min_delta": 0.02}
+        }
+        (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    line = budget(find_runs(tmp_path))
+    assert line.startswith("Budget, from the runs' records: at most 40 epochs; ")
+    assert line.endswith(
+        "stopped early on val/loss once it had not improved by 0.02 for 2 validations "
+        "(after 19–24 validations)."
     )
 
 

@@ -256,7 +256,7 @@ def budget(runs: list[Run]) -> str:
              f"at most {values(runs, 'trainer.max_epochs')} epochs"]  # fmt: skip
     steps = sorted(step for run in runs if (step := run.steps()) is not None)
     if steps:
-        parts.append(f"ran {steps[0]}" + (f"–{steps[-1]}" if steps[-1] != steps[0] else ""))
+        parts.append(f"ran {spread(steps)} steps")
     parts += [f"{label} {found}" for label, key in BUDGET.items() if (found := values(runs, key))]
     generated = values(runs, "task.system.val_generate")
     if generated:
@@ -265,9 +265,28 @@ def budget(runs: list[Run]) -> str:
     parts.append(f"checkpoint tested: best {metric} ({mode}) on validation")
     stop = values(runs, "callbacks.early_stopping.monitor")
     if stop:
-        threshold = values(runs, "callbacks.early_stopping.stopping_threshold")
-        parts.append(f"stopped early on {stop}" + (f" at {threshold}" if threshold else ""))
+        parts.append(early_stopping(runs, stop))
     return "Budget, from the runs' records: " + "; ".join(parts) + "."
+
+
+def spread(counts: list[int]) -> str:
+    """The smallest and largest of `counts` ("4,655" or "4,655–5,880")."""
+    low, high = min(counts), max(counts)
+    return f"{low:,}" + (f"–{high:,}" if high != low else "")
+
+
+def early_stopping(runs: list[Run], monitor: str) -> str:
+    """The stopping rule the runs' records hold, and how many validations each run made."""
+    threshold = values(runs, "callbacks.early_stopping.stopping_threshold")
+    delta = values(runs, "callbacks.early_stopping.min_delta")
+    patience = values(runs, "callbacks.early_stopping.patience")
+    rule = f"stopped early on {monitor}" + (f" at {threshold}" if threshold else "")
+    if patience:
+        rule += f" once it had not improved by {delta or 0} for {patience} validations"
+    made = [len(series) for run in runs if (series := run.metrics.get(monitor))]
+    if not made:
+        return rule
+    return rule + f" (after {spread(made)} validation{'' if made == [1] * len(made) else 's'})"
 
 
 def block_options(study: str, text: str) -> dict[str, str]:

@@ -91,6 +91,10 @@ def test_missing_hypotheses_or_references_are_said_not_guessed(tmp_path):
     assert "no configuration synthesizer=nope" in bootstrap_table(
         configs, "synthesizer=nope", tmp_path
     )
+    dot = [config for config in configs if config.label == "synthesizer=dot"]
+    assert bootstrap_table(dot, "synthesizer=dot", tmp_path) == (
+        "Paired bootstrap: one configuration only, so nothing to compare with synthesizer=dot."
+    )
 
 
 def test_a_results_block_with_a_baseline_archives_hypotheses_and_adds_the_bootstrap(tmp_path):

@@ -97,6 +97,8 @@ def bootstrap_table(configs: list[Configuration], baseline: str, root: Path) -> 
     """Per configuration: each paired seed's BLEU gain over `baseline` (a configuration's
     label) and its p-value, and the verdict."""
     found = {config.label: config for config in configs}
+    if len(found) == 1:
+        return f"Paired bootstrap: one configuration only, so nothing to compare with {baseline}."
     if baseline not in found:
         return f"Paired bootstrap: no configuration {baseline} among {sorted(found)}."
     base = {run.setting("seed"): run for run in found[baseline].runs}

@@ -286,7 +286,7 @@ def early_stopping(runs: list[Run], monitor: str) -> str:
     made = [len(series) for run in runs if (series := run.metrics.get(monitor))]
     if not made:
         return rule
-    return rule + f" (after {spread(made)} validation{'' if made == [1] * len(made) else 's'})"
+    return rule + f" (after {spread(made)} validation{'s' if max(made) > 1 else ''})"
 
 
 def block_options(study: str, text: str) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """Nothing lost: a run killed mid-epoch resumes, in its own directory, to the weights an
-uninterrupted run reaches; last.ckpt holds the latest state; run directories are unique."""
+uninterrupted run reaches; one killed after training resumes to its test; last.ckpt holds
+the latest state; run directories are unique."""
 
 from __future__ import annotations
 
@@ -141,6 +142,51 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(
     assert recorded.earlier > 0, "the wall time counts the interrupted part too"
     best = sorted(p.name for p in (run_dir / "checkpoints").glob("epoch_*.ckpt"))
     assert best == sorted(p.name for p in (uninterrupted / "checkpoints").glob("epoch_*.ckpt"))
+
+
+EARLY_STOPPED = [  # stops after its second validation (no gain of 1.0 in accuracy); a long test
+    "model=tiny", "callbacks=early_stopping", "callbacks.early_stopping.patience=1",
+    "callbacks.early_stopping.min_delta=1.0", "callbacks.latest.keep_when_done=false",
+    "task.data.train_size=256", "task.data.eval_max_len=1500", "extras.print_config=false",
+    "callbacks.progress_bar.refresh_rate=0",
+]  # fmt: skip
+
+
+def stopped_training(last: Path) -> bool:
+    """Whether last.ckpt holds a state that early stopping had stopped (it is renamed into
+    place whole, so it can be read while the run goes on)."""
+    if not last.exists():
+        return False
+    state = torch.load(last, weights_only=True)["callbacks"]["LatestCheckpoint"]
+    return state["should_stop"]
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_training_resumes_to_its_test_and_trains_no_further(tmp_path):
+    """SIGKILL (a session's end) once early stopping has stopped training, in the test or the
+    last moments of fit: the training state is kept until the run is done, and the resumed
+    run tests the best checkpoint without training again (Lightning forgets should_stop)."""
+    run_dir, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
+    process = subprocess.Popen(
+        train_py(*EARLY_STOPPED, f"hydra.run.dir={run_dir}"),
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not stopped_training(last):
+        assert process.poll() is None and time.monotonic() < deadline, "training did not stop"
+        time.sleep(0.02)
+    process.kill()
+    assert process.wait(timeout=60) == -signal.SIGKILL, "killed before it finished its test"
+    steps = torch.load(last, weights_only=True)["global_step"]
+
+    run(f"run_dir={run_dir}", "callbacks.latest.keep_when_done=false")  # callbacks.*: not stored
+
+    recorded = status.read(run_dir)
+    assert recorded.state == "completed" and recorded.steps == steps, "no step trained again"
+    assert not last.exists(), "the finished run dropped its training state"
+    with (run_dir / "csv" / "metrics.csv").open() as file:
+        tested = [row for row in csv.DictReader(file) if row.get("test/acc")]
+    assert len(tested) == 1, "tested once, after the resume"
 
 
 def test_a_new_run_refuses_a_directory_that_holds_a_run(tmp_path):

@@ -7,7 +7,9 @@
   `fast_dev_run` (debug=fast: does the configuration run?) writes none, as Lightning's own.
 - The best checkpoint (`epoch_NNN.ckpt`) holds the weights, the tokenizers and the run's
   record: what evaluation needs, not the optimizer (`save_weights_only`). `last.ckpt` holds
-  the whole training state, and a finished run drops it where `keep_when_done` is false.
+  the whole training state, and a finished run (trained and tested) drops it where
+  `keep_when_done` is false: a run stopped in its test resumes to its test, not to more
+  training (the state records that training had stopped, which Lightning does not).
 - A checkpoint carries what an exact resume needs besides Lightning's own state (`ExactResume`:
   the random generators, the position in the epoch's batches) and the run's record
   (`RunRecord`: its overrides and resolved config).
@@ -179,13 +181,26 @@ class LatestCheckpoint(L.Callback):
         self.keep_when_done = keep_when_done
         self.saved_at = time.monotonic()
         self.saved_step = -1
+        self.stopped = False  # trainer.should_stop at the last save
         self.previous_handler: Any = None
 
     def save(self, trainer: L.Trainer) -> None:
         if trainer.fast_dev_run:  # a check that the configuration runs (debug=fast): no state
             return
+        self.stopped = trainer.should_stop  # early stopping's decision, for state_dict
         trainer.save_checkpoint(self.path, weights_only=False)  # the whole training state
         self.saved_at, self.saved_step = time.monotonic(), trainer.global_step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"should_stop": self.stopped}
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict
+    ) -> None:
+        """Lightning resets `trainer.should_stop` on fit: a run that early stopping (or a time
+        limit) had stopped would train on; it resumes stopped, to its test."""
+        state = checkpoint.get("callbacks", {}).get(self.state_key, {})
+        trainer.should_stop = trainer.should_stop or state.get("should_stop", False)
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.saved_at = time.monotonic()
@@ -218,15 +233,17 @@ class LatestCheckpoint(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         """Training finished (its step budget, early stopping, max_epochs; an interrupt is
-        on_exception): the final state, or, with keep_when_done false, none (where a best
-        checkpoint holds the weights)."""
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        if not self.keep_when_done and best:  # never drop the only weights
-            if trainer.is_global_zero and self.path.is_file():
-                self.path.unlink()
-                log.info("training finished: %s dropped (keep_when_done=false)", self.path)
-        elif trainer.global_step != self.saved_step:
+        on_exception): the final state, kept until the run is done (`drop`)."""
+        if trainer.global_step != self.saved_step or trainer.should_stop != self.stopped:
             self.save(trainer)
+
+    def drop(self, trainer: L.Trainer) -> None:
+        """The run is done (trained, and tested where it tests): with keep_when_done false,
+        no training state, where a best checkpoint holds the weights (never the only ones)."""
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        if not self.keep_when_done and best and trainer.is_global_zero and self.path.is_file():
+            self.path.unlink()
+            log.info("run done: %s dropped (keep_when_done=false)", self.path)
 
     def on_exception(
         self, trainer: L.Trainer, module: L.LightningModule, exception: BaseException

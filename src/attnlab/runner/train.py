@@ -99,6 +99,7 @@ def fit_and_test(
     cfg: DictConfig, trainer: L.Trainer, system: System, datamodule: L.LightningDataModule
 ) -> dict[str, float]:
     from attnlab.runner import run
+    from attnlab.runner.checkpoints import LatestCheckpoint
 
     metrics: dict[str, float] = {}
     checkpoint = trainer.checkpoint_callback
@@ -113,6 +114,9 @@ def fit_and_test(
             log.warning("no best checkpoint was saved: testing the final weights")
         (results,) = trainer.test(system, datamodule, ckpt_path=best or None, verbose=False)
         metrics.update(run.scalar_metrics(results))
+    for callback in trainer.callbacks:
+        if cfg.train and isinstance(callback, LatestCheckpoint):
+            callback.drop(trainer)
     return metrics
 
 

@@ -5,6 +5,7 @@ the latest state; run directories are unique."""
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import subprocess
 import sys
@@ -187,6 +188,28 @@ def test_a_run_killed_after_training_resumes_to_its_test_and_trains_no_further(t
     with (run_dir / "csv" / "metrics.csv").open() as file:
         tested = [row for row in csv.DictReader(file) if row.get("test/acc")]
     assert len(tested) == 1, "tested once, after the resume"
+
+
+def test_a_sigterm_as_training_ends_stops_the_run_before_its_test(
+    make_config, tmp_path, monkeypatch
+):
+    """Lightning looks for a SIGTERM between steps and batches; one that comes after its last
+    look, as training ends, would be forgotten by the test, which starts afresh."""
+    from attnlab.runner.checkpoints import LatestCheckpoint
+    from attnlab.runner.train import train
+
+    end_of_training = LatestCheckpoint.on_train_end
+
+    def then_sigterm(self, trainer, module) -> None:
+        end_of_training(self, trainer, module)
+        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler only notes it
+
+    monkeypatch.setattr(LatestCheckpoint, "on_train_end", then_sigterm)
+    tiny = ["model=tiny", "task.data.train_size=256", "trainer.max_epochs=1"]
+    with pytest.raises(SystemExit):  # else it tests, and returns the test metrics
+        train(make_config(tiny))
+    assert status.read(tmp_path).state == "interrupted"
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists(), "the final state, to resume"
 
 
 def test_a_new_run_refuses_a_directory_that_holds_a_run(tmp_path):

@@ -98,6 +98,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def fit_and_test(
     cfg: DictConfig, trainer: L.Trainer, system: System, datamodule: L.LightningDataModule
 ) -> dict[str, float]:
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     from attnlab.runner import run
     from attnlab.runner.checkpoints import LatestCheckpoint
 
@@ -105,6 +107,10 @@ def fit_and_test(
     checkpoint = trainer.checkpoint_callback
     if cfg.train:
         trainer.fit(system, datamodule, ckpt_path=cfg.ckpt_path)
+        # a SIGTERM after fit's last look at it, which trainer.test would forget: the state is
+        # saved (on_train_end), and the resumed run tests
+        if trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False):
+            raise SIGTERMException
         metrics.update(averaged_over_ranks(trainer, run.scalar_metrics(trainer.callback_metrics)))
         if checkpoint is not None and checkpoint.best_model_score is not None:
             metrics[f"best/{cfg.optimized_metric}"] = float(checkpoint.best_model_score)

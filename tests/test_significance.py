@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from test_compare import fake_run
 
@@ -13,6 +14,7 @@ from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations
 from attnlab.compare.significance import bootstrap_table, located, paired, references, verdict
+from attnlab.settings import ConfigError
 
 REFERENCES = [f"ein kleiner hund nummer {n} läuft über die grüne wiese" for n in range(60)]
 WORSE = [f"ein hund {n}" for n in range(60)]
@@ -88,9 +90,8 @@ def test_missing_hypotheses_or_references_are_said_not_guessed(tmp_path):
     (data / "test.de").unlink()
     table = bootstrap_table(configs, "synthesizer=dot", tmp_path)
     assert table.count("no hypotheses or references") == 6
-    assert "no configuration synthesizer=nope" in bootstrap_table(
-        configs, "synthesizer=nope", tmp_path
-    )
+    with pytest.raises(ConfigError, match=r"baseline synthesizer=nope is none of .*: name one"):
+        bootstrap_table(configs, "synthesizer=nope", tmp_path)
     dot = [config for config in configs if config.label == "synthesizer=dot"]
     assert bootstrap_table(dot, "synthesizer=dot", tmp_path) == (
         "Paired bootstrap: one configuration only, so nothing to compare with synthesizer=dot."

@@ -22,6 +22,7 @@ from pathlib import Path
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import MIN_SEEDS, Configuration
 from attnlab.data.text import read_lines
+from attnlab.settings import ConfigError
 
 SAMPLES = 1000
 RESAMPLING_SEED = 12345  # sacreBLEU's default: the same resamples for every pair
@@ -100,7 +101,10 @@ def bootstrap_table(configs: list[Configuration], baseline: str, root: Path) -> 
     if len(found) == 1:
         return f"Paired bootstrap: one configuration only, so nothing to compare with {baseline}."
     if baseline not in found:
-        return f"Paired bootstrap: no configuration {baseline} among {sorted(found)}."
+        raise ConfigError(
+            f"the paired bootstrap's baseline {baseline} is none of the configurations: name "
+            f"one of {'; '.join(sorted(found))}"
+        )
     base = {run.setting("seed"): run for run in found[baseline].runs}
     lines = [
         f"Paired bootstrap resampling of test BLEU against {baseline} (sacreBLEU, {SAMPLES} "

@@ -190,13 +190,14 @@ def test_a_run_killed_after_training_resumes_to_its_test_and_trains_no_further(t
     assert len(tested) == 1, "tested once, after the resume"
 
 
-def test_a_sigterm_as_training_ends_stops_the_run_before_its_test(
-    make_config, tmp_path, monkeypatch
-):
-    """Lightning looks for a SIGTERM between steps and batches; one that comes after its last
-    look, as training ends, would be forgotten by the test, which starts afresh."""
+TINY_EPOCH = ["model=tiny", "task.data.train_size=256", "trainer.max_epochs=1"]
+
+
+@pytest.fixture
+def sigterm_as_training_ends(monkeypatch) -> None:
+    """A real SIGTERM after Lightning's last look for one in fit (it looks between steps and
+    batches), as training ends."""
     from attnlab.runner.checkpoints import LatestCheckpoint
-    from attnlab.runner.train import train
 
     end_of_training = LatestCheckpoint.on_train_end
 
@@ -205,11 +206,28 @@ def test_a_sigterm_as_training_ends_stops_the_run_before_its_test(
         os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler only notes it
 
     monkeypatch.setattr(LatestCheckpoint, "on_train_end", then_sigterm)
-    tiny = ["model=tiny", "task.data.train_size=256", "trainer.max_epochs=1"]
+
+
+def test_a_sigterm_as_training_ends_stops_the_run_before_its_test(
+    make_config, tmp_path, sigterm_as_training_ends
+):
+    """The test would forget that SIGTERM: it starts afresh."""
+    from attnlab.runner.train import train
+
     with pytest.raises(SystemExit):  # else it tests, and returns the test metrics
-        train(make_config(tiny))
+        train(make_config(TINY_EPOCH))
     assert status.read(tmp_path).state == "interrupted"
     assert (tmp_path / "checkpoints" / "last.ckpt").exists(), "the final state, to resume"
+
+
+def test_a_sigterm_as_training_ends_lets_a_run_without_a_test_finish(
+    make_config, tmp_path, sigterm_as_training_ends
+):
+    """Nothing is left to stop: the run is done, not interrupted."""
+    from attnlab.runner.train import train
+
+    train(make_config([*TINY_EPOCH, "test=false"]))
+    assert status.read(tmp_path).state == "completed"
 
 
 def test_a_new_run_refuses_a_directory_that_holds_a_run(tmp_path):

@@ -109,7 +109,8 @@ def fit_and_test(
         trainer.fit(system, datamodule, ckpt_path=cfg.ckpt_path)
         # a SIGTERM after fit's last look at it, which trainer.test would forget: the state is
         # saved (on_train_end), and the resumed run tests
-        if trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False):
+        stop = trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False)
+        if stop and cfg.test:
             raise SIGTERMException
         metrics.update(averaged_over_ranks(trainer, run.scalar_metrics(trainer.callback_metrics)))
         if checkpoint is not None and checkpoint.best_model_score is not None:
@@ -120,9 +121,10 @@ def fit_and_test(
             log.warning("no best checkpoint was saved: testing the final weights")
         (results,) = trainer.test(system, datamodule, ckpt_path=best or None, verbose=False)
         metrics.update(run.scalar_metrics(results))
-    for callback in trainer.callbacks:
-        if cfg.train and isinstance(callback, LatestCheckpoint):
-            callback.drop(trainer)
+    if cfg.train:
+        for callback in trainer.callbacks:
+            if isinstance(callback, LatestCheckpoint):
+                callback.drop(trainer)
     return metrics
 
 

@@ -208,6 +208,26 @@ def test_a_directory_without_runs_is_one_sentence(tmp_path):
     )
 
 
+def test_out_writes_the_comparison_elsewhere_and_leaves_the_records_untouched(tmp_path):
+    records = tmp_path / "records"
+    fake_run(records / "0", ["pe=rope"], [{"step": 5, "val/acc": 0.6}])
+    fake_run(records / "1", ["pe=t5"], [{"step": 5, "val/acc": 0.5}])
+    before = sorted(path.relative_to(records) for path in records.rglob("*"))
+    out = tmp_path / "report" / "pe"
+    result = subprocess.run(
+        [sys.executable, "-m", "attnlab.commands.cli", "compare", str(records), "--out", str(out)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert sorted(path.relative_to(records) for path in records.rglob("*")) == before
+    assert [row["pe"] for row in read_csv(out / "comparison.csv")] == ["rope", "t5"]
+    assert (out / "curves_val_acc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {out / 'comparison.md'}" in result.stdout
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match="is a file: pass a directory"):
+        compare(records, tmp_path / "a_file")
+
+
 def test_a_damaged_run_record_is_one_sentence_naming_its_file(tmp_path):
     hydra = tmp_path / "run" / ".hydra"
     hydra.mkdir(parents=True)

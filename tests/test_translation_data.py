@@ -1,4 +1,4 @@
-"""Translation data: corpus hygiene, the hub's failure mode, the batch contract.
+"""Translation data: corpus hygiene and the batch contract (the hub: test_translation_hub.py).
 
 Loader edge cases run on small corpora written to tmp_path; the real-data tests read
 ../shared/data/{multi30k,wmt_sample} and skip when it is absent.
@@ -10,11 +10,8 @@ import logging
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 
-import datasets
-import huggingface_hub
 import pytest
 import torch
 from helpers import SHARED_DATA, task_data
@@ -25,7 +22,7 @@ from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder
 from attnlab.options import variant
-from attnlab.settings import ConfigError, build
+from attnlab.settings import ConfigError
 from attnlab.tasks import translation
 from attnlab.tasks.translation import TranslationDataModule
 from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -271,74 +268,6 @@ def test_the_same_bytes_elsewhere_reuse_the_cache(corpus, tmp_path, monkeypatch)
 
     monkeypatch.setattr(seq2seq, "write_split", never)
     local(moved, tmp_path / "cache").setup()
-
-
-# --- the hub --------------------------------------------------------------------------------
-
-
-def wmt_datamodule(make_config, tmp_path) -> TranslationDataModule:
-    cfg = make_config(["task=wmt", f"paths.data_dir={tmp_path}"])
-    return build(cfg.task.data)
-
-
-def test_an_unreachable_hub_fails_fast_naming_the_local_option(make_config, tmp_path, monkeypatch):
-    def no_network(*args, **kwargs):
-        raise OSError("[Errno -2] Name or service not known")
-
-    def must_not_download(*args, **kwargs):
-        pytest.fail("load_dataset must not run when the hub is unreachable")
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", no_network)
-    monkeypatch.setattr(datasets, "load_dataset", must_not_download)
-    module = wmt_datamodule(make_config, tmp_path)
-    started = time.perf_counter()
-    with pytest.raises(ConfigError) as error:
-        module.prepare_data()
-    assert time.perf_counter() - started < 5
-    message = str(error.value)
-    assert "could not reach 'wmt/wmt14'" in message and "Name or service not known" in message
-    assert "pass task.data.source=local task.data.dir=<dir with {split}.en" in message
-
-
-def test_hub_offline_mode_without_a_cached_copy_fails_fast(make_config, tmp_path, monkeypatch):
-    def offline_and_not_cached(*args, **kwargs):
-        raise ConnectionError("Couldn't reach 'wmt/wmt14' on the Hub (OfflineModeIsEnabled)")
-
-    def must_not_probe(*args, **kwargs):
-        pytest.fail("offline mode must not contact the hub")
-
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", must_not_probe)
-    monkeypatch.setattr(datasets, "load_dataset", offline_and_not_cached)
-    with pytest.raises(ConfigError, match=r"OfflineModeIsEnabled.*task\.data\.source=local"):
-        wmt_datamodule(make_config, tmp_path).prepare_data()
-
-
-@pytest.mark.parametrize("layout", ["translation", "columns"])
-def test_hub_rows_in_either_layout_become_pairs(tmp_path, monkeypatch, layout):
-
-    def table(pairs: list[tuple[str, str]]):
-        if layout == "translation":  # wmt/wmt14
-            return datasets.Dataset.from_dict(
-                {"translation": [{"en": s, "de": t} for s, t in pairs]}
-            )
-        return datasets.Dataset.from_dict(
-            {"en": [s for s, _ in pairs], "de": [t for _, t in pairs]}
-        )
-
-    train, valid = sentence_pairs(300), sentence_pairs(40, seed=1)
-    valid[5] = ("", valid[5][1])
-    hub = datasets.DatasetDict({"train": table(train), "validation": table(valid)})
-    monkeypatch.setattr(translation, "load_hub", lambda *args: hub)
-    module = task_data("translation", tmp_path, source="hub", dataset="someone/parallel", **TINY)
-    module.setup()
-    batches = list(module.val_dataloader())
-    assert sorted(indices(batches)) == [i for i in range(40) if i != 5]
-    for batch in batches:
-        assert batch["ref"] == [valid[i][1] for i in batch["index"].tolist()]
-    with pytest.raises(ConfigError, match="no test split"):
-        module.test_dataloader()
 
 
 # --- real data ------------------------------------------------------------------------------

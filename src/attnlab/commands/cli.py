@@ -22,9 +22,15 @@ def parser() -> argparse.ArgumentParser:
     compare = commands.add_parser(
         "compare",
         help="a table and plots of every run below a directory, written into it",
-        description="Writes comparison.md, comparison.csv and PNG plots into DIR.",
+        description="Writes comparison.md, comparison.csv and PNG plots into DIR, or into OUT.",
     )
     compare.add_argument("directory", type=Path, help="a sweep or run directory (or any above)")
+    compare.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write them here instead (e.g. beside archived records)",
+    )
     dashboard = commands.add_parser(
         "dashboard",
         help="a W&B report comparing the runs of one group (needs W&B online)",
@@ -141,9 +147,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.command == "compare":
             from attnlab.compare.report import compare
 
-            comparison = compare(args.directory)
+            out = args.out or args.directory
+            comparison = compare(args.directory, out)
             print(comparison.table())
-            print(f"\nwrote {args.directory / 'comparison.md'}, comparison.csv and", end=" ")
+            print(f"\nwrote {out / 'comparison.md'}, comparison.csv and", end=" ")
             print(f"{len(comparison.plots)} plots")
         elif args.command == "dashboard":
             from attnlab.compare.dashboard import dashboard

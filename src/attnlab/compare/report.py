@@ -1,4 +1,5 @@
-"""`attnlab compare DIR`: one table of every run below DIR, with plots, written into DIR.
+"""`attnlab compare DIR [--out OUT]`: one table of every run below DIR, with plots, written into
+OUT (default: DIR).
 
     comparison.md    the table (one row per run: the swept overrides, state, final and best
                      optimized metric, the other test metrics, parameters, steps, wall time,
@@ -281,16 +282,20 @@ def scored_examples(run: Run) -> str:
     return f"{scored:,.0f} of {total:,.0f}"
 
 
-def compare(directory: Path) -> Comparison:
-    """Read every run below `directory`, write the comparison files into it."""
+def compare(directory: Path, out: Path | None = None) -> Comparison:
+    """Read every run below `directory`, write the comparison files into `out` (default: it)."""
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory: pass a run or a sweep directory")
+    if out is not None and out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: pass a directory for the comparison files")
     found = find_runs(directory)
     if not found:
         raise ConfigError(
             f"{directory} holds no runs (no .hydra/config.yaml below it): pass a run or sweep "
             "directory, e.g. logs/probe/multiruns/<time>"
         )
+    out = directory if out is None else out
+    out.mkdir(parents=True, exist_ok=True)
     runs = [run for run in found if run.trained]
     keys = swept_keys(runs)
     test_metrics = metric_names(runs, "test/")
@@ -299,17 +304,17 @@ def compare(directory: Path) -> Comparison:
     )
     runs, rows = [run for run, _ in pairs], [cells for _, cells in pairs]
     configs = configurations(runs, keys)
-    plots = plot_curves(runs, labels(runs, keys), directory, configs if SEED in keys else [])
-    plots += plot_by_position(configs, directory / "acc_by_position.png")
-    plots += plot_ppl_by_length(configs, directory / "ppl_by_length.png")
-    plots += plot_loss_by_position(configs, directory / "loss_by_position.png")
-    plots += plot_accuracy_by_length(configs, directory / "acc_by_length.png")
-    plots += plot_longest_bucket(configs, directory / "acc_longest_bucket.png")
+    plots = plot_curves(runs, labels(runs, keys), out, configs if SEED in keys else [])
+    plots += plot_by_position(configs, out / "acc_by_position.png")
+    plots += plot_ppl_by_length(configs, out / "ppl_by_length.png")
+    plots += plot_loss_by_position(configs, out / "loss_by_position.png")
+    plots += plot_accuracy_by_length(configs, out / "acc_by_length.png")
+    plots += plot_longest_bucket(configs, out / "acc_longest_bucket.png")
     never_trained = [run for run in found if not run.trained]
     by_configuration = configs if SEED in keys else []
     comparison = Comparison(directory, runs, rows, plots, by_configuration, never_trained)
-    write_csv(rows, directory / "comparison.csv")
-    (directory / "comparison.md").write_text(document(comparison))
+    write_csv(rows, out / "comparison.csv")
+    (out / "comparison.md").write_text(document(comparison))
     return comparison
 
 

@@ -180,7 +180,7 @@ def test_a_run_killed_after_training_resumes_to_its_test_and_trains_no_further(t
     assert process.wait(timeout=60) == -signal.SIGKILL, "killed before it finished its test"
     steps = torch.load(last, weights_only=True)["global_step"]
 
-    run(f"run_dir={run_dir}", "callbacks.latest.keep_when_done=false")  # callbacks.*: not stored
+    run(f"run_dir={run_dir}")  # the stored callbacks.latest.keep_when_done=false holds again
 
     recorded = status.read(run_dir)
     assert recorded.state == "completed" and recorded.steps == steps, "no step trained again"

@@ -3,12 +3,14 @@
 `eval.py ckpt_path=...` and `train.py ckpt_path=...` / `train.py run_dir=...` put the
 overrides the run was trained with ahead of the command line's, so that the model is the
 one trained. Those overrides are read from a file, so they pass an allow-list first: group
-choices (`pe=rope`, `~logger`) and literal values of the run's own settings
-(`model.d_model=64`, `task.data.dir=/data/multi30k`). Left out, and named on stderr:
-anything that could name code to run (`_target_`, dicts, an interpolation or resolver such
-as `${oc.env:HOME}` anywhere in a value), reach into the machinery (`hydra.*`,
-`callbacks.*`, `logger.*`), or choose where output goes (`paths.*`, `*.dirpath`, ...): a
-file never decides that.
+choices (`pe=rope`, `~logger`), literal values of the run's own settings
+(`model.d_model=64`, `task.data.dir=/data/multi30k`) and numbers, booleans or null set on an
+option of an existing callback (`callbacks.early_stopping.min_delta=0.05`: a resumed run
+stops by the rule it started with). Left out, and named on stderr: anything that could name
+code to run (`_target_`, dicts, an interpolation or resolver such as `${oc.env:HOME}`
+anywhere in a value), reach into the machinery (`hydra.*`, `logger.*`, a callback added or
+deleted, a callback's text option such as a file name), or choose where output goes
+(`paths.*`, `*.dirpath`, ...): a file never decides that.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ MOVED = {
 EARLIER_GENERATOR = {"attnlab.tasks.mqar.MQAR": {"layout": "answers_after"}}
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
+NUMERIC = (int, float, bool, type(None))  # what a stored callback option may be: never a name
 
 
 def _literal(value: Any) -> bool:
@@ -97,6 +100,9 @@ def _allowed(override: Override) -> bool:
         return isinstance(value, str) and OPTION_NAME.fullmatch(value) is not None
     if parts[-1] in OUTPUT_KEYS:
         return False
+    if parts[0] == "callbacks":  # an option of a callback the config has, never a new one
+        edits = not (override.is_add() or override.is_force_add() or override.is_delete())
+        return len(parts) == 3 and edits and isinstance(override.value(), NUMERIC)
     if (parts[0] in SETTINGS and len(parts) > 1) or key in TOP_VALUES:
         return _literal(override.value())
     return False

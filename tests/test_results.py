@@ -7,6 +7,7 @@ experiment=probe_causal, probe_extrapolation and pe_translation, a few jobs each
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,24 @@ def test_drawing_adds_each_studys_plot_and_links_it(tmp_path):
     ):
         assert (results_md.parent / "docs" / "results" / f"{study}.png").stat().st_size > 1000
         assert f"![{study}: {caption}](docs/results/{study}.png)" in text
+
+
+def test_a_figure_drawn_from_other_records_fails_the_check(tmp_path):
+    results_md = fixture_copy(tmp_path)
+    results_md.write_text(regenerate(results_md, draw=True))
+    assert regenerate(results_md, draw=False) == results_md.read_text(), "fresh figures pass"
+    (run, *_) = find_runs(results_md.parent / "docs" / "results" / "runs" / "translation_sample")
+    metrics = run.path / "csv" / "metrics.csv"
+    columns = metrics.read_text().splitlines()[0].split(",")
+    metrics.write_text(metrics.read_text() + ",".join("0" for _ in columns) + "\n")  # one more row
+    stale = "docs/results/translation_sample.png was drawn from other records than"
+    with pytest.raises(ConfigError, match=re.escape(stale)):
+        regenerate(results_md, draw=False)
+    regenerate(results_md, draw=True)
+    unstamped = results_md.parent / "docs" / "results" / "probe_sample.png"
+    unstamped.write_bytes(b"not a png")
+    with pytest.raises(ConfigError, match=r"probe_sample\.png was drawn from other records"):
+        regenerate(results_md, draw=False)
 
 
 def test_a_measurement_that_contradicts_the_prediction_is_flagged(tmp_path):

@@ -10,10 +10,12 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
+from PIL import Image, PngImagePlugin
 
 LABELLED = 16  # an example this long or shorter gets its positions on the axes
 CELL = 1.7  # inches per heat-map panel
 PANELS_PER_ROW = 4  # of a figure of bands: seven tasks side by side were too wide to read
+SOURCE = "attnlab-source"  # a PNG text field: what the figure was drawn from
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
 # x, and the mean, smallest and largest value (over seeds) at each x
 Band = tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]
@@ -23,6 +25,25 @@ def save(figure: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=90, bbox_inches="tight")
     return path
+
+
+def stamp(path: Path, source: str) -> None:
+    """Write `source` (what `path` was drawn from) into the PNG's text fields."""
+    with Image.open(path) as image:
+        image.load()
+    info = PngImagePlugin.PngInfo()
+    info.add_text(SOURCE, source)
+    image.save(path, pnginfo=info)
+
+
+def stamped(path: Path) -> str | None:
+    """What the PNG at `path` says it was drawn from (None: it does not say)."""
+    try:
+        with Image.open(path) as image:
+            is_png = isinstance(image, PngImagePlugin.PngImageFile)
+            return image.text.get(SOURCE) if is_png else None
+    except OSError:  # not an image at all
+        return None
 
 
 def attention_figure(maps: Mapping[str, np.ndarray], title: str) -> Figure:

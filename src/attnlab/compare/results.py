@@ -20,8 +20,9 @@ reciprocal ranks among themselves and the verdict rule's answer for each pair of
 Each block opens with the study's budget read from the runs' configs and statuses (steps,
 learning rate, warm-up, schedule, checkpoint selection, early stopping), so that the text
 cannot drift from what ran. `attnlab results` rewrites each block from docs/results/runs/<study>/ and draws
-docs/results/<study>.png. `attnlab results --check` writes nothing and fails when a block
-differs from what the records give. The kinds of table, and their plot:
+docs/results/<study>.png, stamped with a digest of the records it was drawn from.
+`attnlab results --check` writes nothing and fails when a block differs from what the
+records give, or a figure's stamp from their digest. The kinds of table, and their plot:
 
     probe           token and sequence accuracy beside what theory predicts (see
                     `attnlab.studies.probe`), the rows that disagree in bold; accuracy by
@@ -41,6 +42,7 @@ differs from what the records give. The kinds of table, and their plot:
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from collections.abc import Callable
@@ -69,6 +71,7 @@ from attnlab.compare.runs import Run, find_runs
 from attnlab.compare.seeds import Configuration, configurations, summary
 from attnlab.compare.significance import HYPOTHESES, bootstrap_table
 from attnlab.options import options, variant
+from attnlab.plots import stamp, stamped
 from attnlab.settings import VARIANTS, ConfigError, to_dict
 from attnlab.studies.probe import chance_bound, predict
 
@@ -347,12 +350,30 @@ def block(
         text += "\n" + bootstrap_table(configs, baseline, root) + "\n"
     if among is not None:
         return text
-    image = root / "docs" / "results" / f"{study}.png"
+    image, source = root / "docs" / "results" / f"{study}.png", records_digest(runs)
     if draw:
-        KINDS[kind].plot(configs, image)
+        if image in KINDS[kind].plot(configs, image):
+            stamp(image, source)
+    elif image.is_file() and stamped(image) != source:
+        raise ConfigError(
+            f"{image.relative_to(root)} was drawn from other records than "
+            f"{records.relative_to(root)} holds: run `attnlab results`"
+        )
     if image.is_file():
         text += f"\n![{study}: {KINDS[kind].caption}]({image.relative_to(root)})\n"
     return text
+
+
+def records_digest(runs: list[Run]) -> str:
+    """A digest of the runs' archived records: what a study's figure is drawn from."""
+    digest = hashlib.sha256()
+    for run in sorted(runs, key=lambda run: run.name):
+        digest.update(run.name.encode() + b"\0")
+        for name in RECORD:
+            path = run.path / name
+            digest.update(path.read_bytes() if path.is_file() else b"")
+            digest.update(b"\0")
+    return f"records sha256 {digest.hexdigest()}"
 
 
 def regenerate(results_md: Path, draw: bool = True) -> str:

@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import ROOT, train_py
+from hydra.errors import ConfigCompositionException
 
 from attnlab.runner.checkpoints import AtomicCheckpointIO
 from attnlab.runner.resume import (
     RECORD_KEY,
     allowed_overrides,
     check_same_model,
+    for_callbacks_chosen,
     read_checkpoint,
     stored_overrides,
 )
@@ -106,6 +108,23 @@ def test_training_writes_checkpoints_through_the_atomic_io(make_config):
 )
 def test_only_allowed_stored_overrides_are_reused(override, kept):
     assert allowed_overrides([override], "a checkpoint") == ([override] if kept else [])
+
+
+def test_choosing_the_callbacks_anew_drops_the_stored_callback_options(make_config, capsys):
+    stored = ["callbacks=early_stopping", "callbacks.early_stopping.patience=1", "pe=rope"]
+    args = ["callbacks=default"]
+    with pytest.raises(
+        ConfigCompositionException,
+        match=r"Could not override 'callbacks\.early_stopping\.patience'",
+    ):
+        make_config([*stored, *args])
+    kept = for_callbacks_chosen(stored, args)
+    assert kept == ["callbacks=early_stopping", "pe=rope"]
+    assert (
+        "callbacks=default replaces callbacks.early_stopping.patience=1" in capsys.readouterr().err
+    )
+    assert "early_stopping" not in make_config([*kept, *args]).callbacks
+    assert for_callbacks_chosen(stored, ["pe=t5"]) == stored
 
 
 DIALOGUE = "attnlab.tasks.dialogue.DialogueDataModule"

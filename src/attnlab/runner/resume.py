@@ -184,6 +184,20 @@ def stored_overrides(record: dict[str, Any]) -> list[str]:
     return respelled(located, config) + earlier_data_seed(config) + earlier_generator(config)
 
 
+def for_callbacks_chosen(stored: list[str], args: list[str]) -> list[str]:
+    """`stored` less its callback options when `args` choose the callbacks anew (`callbacks=
+    default`): those options may be of a callback the new choice lacks."""
+    if argument(args, "callbacks") is None:
+        return stored
+    options = [o.key_or_group.startswith("callbacks.") for o in _parse(stored)]
+    if any(options):
+        dropped = " ".join(text for text, drop in zip(stored, options, strict=True) if drop)
+        print(
+            f"attnlab: callbacks={argument(args, 'callbacks')} replaces {dropped}", file=sys.stderr
+        )
+    return [text for text, drop in zip(stored, options, strict=True) if not drop]
+
+
 def respelled(overrides: list[str], config: dict[str, Any]) -> list[str]:
     """`overrides` of a sequence-to-sequence run recorded before its data settings moved into
     nodes, in today's spelling (task.data.max_tokens=… -> task.data.batching.max_tokens=…)."""
@@ -232,7 +246,7 @@ def evaluation_arguments(args: list[str]) -> list[str]:
         )
     check_same_task(record, args, "eval.py")
     check_data_present(stored, args, "eval.py")
-    return [*stored, *args]
+    return [*for_callbacks_chosen(stored, args), *args]
 
 
 def training_arguments(args: list[str]) -> list[str] | None:
@@ -265,7 +279,7 @@ def training_arguments(args: list[str]) -> list[str] | None:
     stored = stored_overrides(checkpoint[RECORD_KEY])
     check_same_task(checkpoint[RECORD_KEY], args, "train.py")
     check_data_present(stored, args, "train.py")
-    resumed = [*stored, *args]
+    resumed = [*for_callbacks_chosen(stored, args), *args]
     directory = run_directory(Path(argument(args, "ckpt_path")))
     return resumed + ([f"hydra.run.dir={directory}"] if directory else [])
 

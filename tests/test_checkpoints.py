@@ -17,7 +17,7 @@ import torch
 from helpers import ROOT, train_py
 from hydra.errors import ConfigCompositionException
 
-from attnlab.runner.checkpoints import AtomicCheckpointIO
+from attnlab.runner.checkpoints import AtomicCheckpointIO, LatestCheckpoint
 from attnlab.runner.resume import (
     RECORD_KEY,
     allowed_overrides,
@@ -32,7 +32,7 @@ SHM = Path("/dev/shm")
 
 SAVE_TWICE = """
 import sys, torch
-from attnlab.runner.checkpoints import AtomicCheckpointIO
+from attnlab.runner.checkpoints import AtomicCheckpointIO, LatestCheckpoint
 io = AtomicCheckpointIO()
 io.save_checkpoint({"n": 1, "w": torch.zeros(2**24)}, sys.argv[1])
 print("saving", flush=True)
@@ -89,7 +89,11 @@ def test_training_writes_checkpoints_through_the_atomic_io(make_config):
         ("callbacks.early_stopping.min_delta=0.05", True),
         ("callbacks.latest.keep_when_done=false", True),
         ("callbacks.latest.every_n_steps=null", True),
+        ("callbacks.progress_bar.refresh_rate=0", True),
         ("callbacks.attention_maps.filename=../../x.png", False),
+        ("callbacks.attention_maps.filename=null", False),
+        ("callbacks.model_checkpoint.monitor=null", False),
+        ("callbacks.model_checkpoint.save_top_k=-1", False),
         ("callbacks.early_stopping.monitor=val/bleu", False),
         ("callbacks.early_stopping.patience='${oc.env:HOME}'", False),
         ("+callbacks.early_stopping.patience=1", False),
@@ -121,10 +125,22 @@ def test_choosing_the_callbacks_anew_drops_the_stored_callback_options(make_conf
     kept = for_callbacks_chosen(stored, args)
     assert kept == ["callbacks=early_stopping", "pe=rope"]
     assert (
-        "callbacks=default replaces callbacks.early_stopping.patience=1" in capsys.readouterr().err
+        "callbacks=default on the command line replaces callbacks.early_stopping.patience=1"
+        in capsys.readouterr().err
     )
     assert "early_stopping" not in make_config([*kept, *args]).callbacks
     assert for_callbacks_chosen(stored, ["pe=t5"]) == stored
+    assert for_callbacks_chosen(stored, ["callbacks=early_stopping"]) == stored, "the same choice"
+    assert for_callbacks_chosen(stored, ["~callbacks"]) == ["callbacks=early_stopping", "pe=rope"]
+
+
+@pytest.mark.parametrize(
+    "every", [{"every_n_steps": 0}, {"every_n_minutes": 0}, {"every_n_steps": -5}]
+)
+def test_a_latest_checkpoint_every_zero_or_fewer_steps_or_minutes_is_one_sentence(every, tmp_path):
+    options = {"every_n_minutes": None, "every_n_steps": None, **every}
+    with pytest.raises(ConfigError, match="give a positive number, or null"):
+        LatestCheckpoint(str(tmp_path), keep_when_done=True, **options)
 
 
 DIALOGUE = "attnlab.tasks.dialogue.DialogueDataModule"

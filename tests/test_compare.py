@@ -224,8 +224,9 @@ def test_out_writes_the_comparison_elsewhere_and_leaves_the_records_untouched(tm
     assert (out / "curves_val_acc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"wrote {out / 'comparison.md'}" in result.stdout
     (tmp_path / "a_file").write_text("")
-    with pytest.raises(ConfigError, match="is a file: pass a directory"):
-        compare(records, tmp_path / "a_file")
+    for unwritable in (tmp_path / "a_file", tmp_path / "a_file" / "below"):
+        with pytest.raises(ConfigError, match=r"cannot write the comparison into .*: pass a dir"):
+            compare(records, unwritable)
 
 
 def test_a_damaged_run_record_is_one_sentence_naming_its_file(tmp_path):

@@ -7,6 +7,7 @@ experiment=probe_causal, probe_extrapolation and pe_translation, a few jobs each
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import yaml
 from helpers import ROOT
 from test_compare import fake_run
 
+from attnlab.compare import results
 from attnlab.compare.report import compare
 from attnlab.compare.results import archive, budget, regenerate
 from attnlab.compare.runs import find_runs
@@ -72,6 +74,19 @@ def test_a_figure_drawn_from_other_records_fails_the_check(tmp_path):
     unstamped.write_bytes(b"not a png")
     with pytest.raises(ConfigError, match=r"probe_sample\.png was drawn from other records"):
         regenerate(results_md, draw=False)
+
+
+def test_a_figure_with_nothing_left_to_draw_is_removed_with_its_link(tmp_path, monkeypatch):
+    results_md = fixture_copy(tmp_path)
+    regenerate(results_md, draw=True)
+    figure = results_md.parent / "docs" / "results" / "translation_sample.png"
+    assert figure.is_file()
+    nothing = dataclasses.replace(results.KINDS["configurations"], plot=lambda configs, path: [])
+    monkeypatch.setitem(results.KINDS, "configurations", nothing)
+    text = regenerate(results_md, draw=True)
+    assert not figure.exists() and "translation_sample.png" not in text
+    results_md.write_text(text)
+    assert regenerate(results_md, draw=False) == text, "and the check passes"
 
 
 def test_a_measurement_that_contradicts_the_prediction_is_flagged(tmp_path):

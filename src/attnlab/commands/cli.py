@@ -21,7 +21,7 @@ def parser() -> argparse.ArgumentParser:
     commands = main.add_subparsers(dest="command", required=True)
     compare = commands.add_parser(
         "compare",
-        help="a table and plots of every run below a directory, written into it",
+        help="a table and plots of every run below a directory, written into it (or --out)",
         description="Writes comparison.md, comparison.csv and PNG plots into DIR, or into OUT.",
     )
     compare.add_argument("directory", type=Path, help="a sweep or run directory (or any above)")

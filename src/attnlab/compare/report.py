@@ -286,8 +286,6 @@ def compare(directory: Path, out: Path | None = None) -> Comparison:
     """Read every run below `directory`, write the comparison files into `out` (default: it)."""
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory: pass a run or a sweep directory")
-    if out is not None and out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file: pass a directory for the comparison files")
     found = find_runs(directory)
     if not found:
         raise ConfigError(
@@ -295,7 +293,13 @@ def compare(directory: Path, out: Path | None = None) -> Comparison:
             "directory, e.g. logs/probe/multiruns/<time>"
         )
     out = directory if out is None else out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(
+            f"cannot write the comparison into {out} ({error.strerror}): pass a directory you "
+            "can write to"
+        ) from None
     runs = [run for run in found if run.trained]
     keys = swept_keys(runs)
     test_metrics = metric_names(runs, "test/")

@@ -354,6 +354,8 @@ def block(
     if draw:
         if image in KINDS[kind].plot(configs, image):
             stamp(image, source)
+        else:  # nothing to draw now: no figure of earlier records stays linked
+            image.unlink(missing_ok=True)
     elif image.is_file() and stamped(image) != source:
         raise ConfigError(
             f"{image.relative_to(root)} was drawn from other records than "
@@ -368,7 +370,7 @@ def records_digest(runs: list[Run]) -> str:
     """A digest of the runs' archived records: what a study's figure is drawn from."""
     digest = hashlib.sha256()
     for run in sorted(runs, key=lambda run: run.name):
-        digest.update(run.name.encode() + b"\0")
+        digest.update(Path(run.name).as_posix().encode() + b"\0")
         for name in RECORD:
             path = run.path / name
             digest.update(path.read_bytes() if path.is_file() else b"")

@@ -4,12 +4,12 @@
 overrides the run was trained with ahead of the command line's, so that the model is the
 one trained. Those overrides are read from a file, so they pass an allow-list first: group
 choices (`pe=rope`, `~logger`), literal values of the run's own settings
-(`model.d_model=64`, `task.data.dir=/data/multi30k`) and numbers, booleans or null set on an
-option of an existing callback (`callbacks.early_stopping.min_delta=0.05`: a resumed run
-stops by the rule it started with). Left out, and named on stderr: anything that could name
-code to run (`_target_`, dicts, an interpolation or resolver such as `${oc.env:HOME}`
-anywhere in a value), reach into the machinery (`hydra.*`, `logger.*`, a callback added or
-deleted, a callback's text option such as a file name), or choose where output goes
+(`model.d_model=64`, `task.data.dir=/data/multi30k`) and numbers, booleans or null set on the
+few callback options of RESUMED_CALLBACK_OPTIONS (`callbacks.early_stopping.min_delta=0.05`:
+a resumed run stops by the rule it started with). Left out, and named on stderr: anything
+that could name code to run (`_target_`, dicts, an interpolation or resolver such as
+`${oc.env:HOME}` anywhere in a value), reach into the machinery (`hydra.*`, `logger.*`, any
+other callback option, a callback added or deleted), or choose where output goes
 (`paths.*`, `*.dirpath`, ...): a file never decides that.
 """
 
@@ -46,7 +46,7 @@ SETTINGS = ("task", *ARCHITECTURE, "trainer", "decode", "extras")
 OUTPUT_KEYS = ("default_root_dir", "cache_dir", "dirpath", "save_dir", "output_dir", "log_dir")
 DATA_LOCATIONS = ("task.data.dir", "task.data.test_src", "task.data.test_tgt")
 # how a run was trained, not what it learned: an evaluation never takes these from the run
-TRAINING_ONLY = ("trainer", "debug", "hparams_search", "train", "test")
+TRAINING_ONLY = ("trainer", "callbacks", "debug", "hparams_search", "train", "test")
 TOP_VALUES = ("seed", "tags", "train", "test", "optimized_metric")
 # options of a PE class that change how a trained model reads positions, not its weights:
 # eval.py may set them on a checkpoint (RoPE's context extension), a resumed run may not
@@ -73,7 +73,14 @@ MOVED = {
 EARLIER_GENERATOR = {"attnlab.tasks.mqar.MQAR": {"layout": "answers_after"}}
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
-NUMERIC = (int, float, bool, type(None))  # what a stored callback option may be: never a name
+# the callback options a stored override may set again, to a number, a boolean or null: how a
+# run stops and saves its state, never what a checkpoint keeps or where anything goes
+RESUMED_CALLBACK_OPTIONS = {
+    "early_stopping": ("patience", "min_delta"),
+    "latest": ("every_n_minutes", "every_n_steps", "keep_when_done"),
+    "progress_bar": ("refresh_rate",),
+}
+NUMERIC = (int, float, bool, type(None))
 
 
 def _literal(value: Any) -> bool:
@@ -102,7 +109,8 @@ def _allowed(override: Override) -> bool:
         return False
     if parts[0] == "callbacks":  # an option of a callback the config has, never a new one
         edits = not (override.is_add() or override.is_force_add() or override.is_delete())
-        return len(parts) == 3 and edits and isinstance(override.value(), NUMERIC)
+        named = len(parts) == 3 and parts[2] in RESUMED_CALLBACK_OPTIONS.get(parts[1], ())
+        return named and edits and isinstance(override.value(), NUMERIC)
     if (parts[0] in SETTINGS and len(parts) > 1) or key in TOP_VALUES:
         return _literal(override.value())
     return False
@@ -185,16 +193,17 @@ def stored_overrides(record: dict[str, Any]) -> list[str]:
 
 
 def for_callbacks_chosen(stored: list[str], args: list[str]) -> list[str]:
-    """`stored` less its callback options when `args` choose the callbacks anew (`callbacks=
-    default`): those options may be of a callback the new choice lacks."""
-    if argument(args, "callbacks") is None:
+    """`stored` less its callback options when `args` choose other callbacks (`callbacks=
+    default`, `~callbacks`): those options may be of a callback the new choice lacks."""
+    choice = argument(args, "callbacks")
+    chosen = "~callbacks" if "~callbacks" in args else choice and f"callbacks={choice}"
+    same = choice is not None and choice == argument(stored, "callbacks")
+    if chosen is None or same:
         return stored
     options = [o.key_or_group.startswith("callbacks.") for o in _parse(stored)]
     if any(options):
         dropped = " ".join(text for text, drop in zip(stored, options, strict=True) if drop)
-        print(
-            f"attnlab: callbacks={argument(args, 'callbacks')} replaces {dropped}", file=sys.stderr
-        )
+        print(f"attnlab: {chosen} on the command line replaces {dropped}", file=sys.stderr)
     return [text for text, drop in zip(stored, options, strict=True) if not drop]
 
 
@@ -232,7 +241,7 @@ def earlier_generator(config: dict[str, Any]) -> list[str]:
 
 def evaluation_arguments(args: list[str]) -> list[str]:
     """eval.py's command line: the checkpoint's allowed overrides, less how it was trained
-    (trainer settings and limits, debug configs), then `args`."""
+    (trainer settings and limits, callbacks, debug configs), then `args`."""
     record = stored_record(args)
     if record is None:
         return args
@@ -246,7 +255,7 @@ def evaluation_arguments(args: list[str]) -> list[str]:
         )
     check_same_task(record, args, "eval.py")
     check_data_present(stored, args, "eval.py")
-    return [*for_callbacks_chosen(stored, args), *args]
+    return [*stored, *args]
 
 
 def training_arguments(args: list[str]) -> list[str] | None:

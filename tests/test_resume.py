@@ -190,6 +190,39 @@ def test_a_run_killed_after_training_resumes_to_its_test_and_trains_no_further(t
     assert len(tested) == 1, "tested once, after the resume"
 
 
+@pytest.mark.slow
+def test_last_ckpt_at_an_epochs_end_holds_that_epochs_early_stopping_and_best_checkpoint(
+    tmp_path,
+):
+    """last.ckpt saved where an epoch ends (no timed saves) holds early stopping's and the best
+    checkpoint's state after that epoch's validation: a run killed then and resumed stops where
+    the uninterrupted run stops, and tests the same best checkpoint."""
+    run_dir, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.ckpt"
+    process = subprocess.Popen(
+        train_py(
+            "model=tiny", "callbacks=early_stopping", "callbacks.early_stopping.patience=5",
+            "callbacks.latest.every_n_minutes=null", "task.data.train_size=256",
+            "trainer.max_epochs=3", "test=false", "extras.print_config=false",
+            "callbacks.progress_bar.refresh_rate=0", f"hydra.run.dir={run_dir}",
+        ),
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not last.exists():
+            assert process.poll() is None and time.monotonic() < deadline, "no epoch ended"
+            time.sleep(0.02)
+        state = torch.load(last, weights_only=True)
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+    assert state["epoch"] == 0, "the save of the first epoch's end"
+    (stopping,) = [v for k, v in state["callbacks"].items() if k.startswith("EarlyStopping")]
+    (best,) = [v for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint")]
+    assert stopping["best_score"].isfinite(), "early stopping has seen epoch 0's validation"
+    assert Path(best["best_model_path"]).name == "epoch_000.ckpt"
+
+
 TINY_EPOCH = ["model=tiny", "task.data.train_size=256", "trainer.max_epochs=1"]
 
 

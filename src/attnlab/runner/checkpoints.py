@@ -35,6 +35,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from attnlab.data.loader import ResumableLoader
@@ -159,10 +160,22 @@ def resume_command(run_dir: Path) -> str:
     return f"python train.py run_dir={run_dir}"
 
 
-class LatestCheckpoint(L.Callback):
+def best_checkpoint(trainer: L.Trainer) -> ModelCheckpoint | None:
+    """The callback that keeps the best checkpoint, if the run has one (Lightning's
+    `trainer.checkpoint_callback` is the first Checkpoint, which may be LatestCheckpoint)."""
+    return next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+
+
+class LatestCheckpoint(Checkpoint):
     """Keeps checkpoints/last.ckpt the latest state (see the module docstring). Ctrl-C, like
     SIGTERM, stops the run at the end of the current step (a second Ctrl-C stops it at once,
-    without a checkpoint: a step cut halfway is no state to resume from)."""
+    without a checkpoint: a step cut halfway is no state to resume from).
+
+    A Checkpoint, so that Lightning calls its on_train_epoch_end with the callbacks that
+    monitor a metric, after every other callback, and after early stopping and the best
+    checkpoint have taken the epoch's validation into their state (`run.build_trainer` puts
+    it last): as a plain callback its epoch-end save held their state of one validation
+    before, and a run resumed from it stopped late or tested a stale best checkpoint."""
 
     def __init__(
         self,
@@ -248,7 +261,8 @@ class LatestCheckpoint(L.Callback):
     def drop(self, trainer: L.Trainer) -> None:
         """The run is done (trained, and tested where it tests): with keep_when_done false,
         no training state, where a best checkpoint holds the weights (never the only ones)."""
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        keeper = best_checkpoint(trainer)
+        best = keeper.best_model_path if keeper is not None else ""
         if not self.keep_when_done and best and trainer.is_global_zero and self.path.is_file():
             self.path.unlink()
             log.info("run done: %s dropped (keep_when_done=false)", self.path)

@@ -24,6 +24,7 @@ from attnlab.decoding import DecodeConfig
 from attnlab.logger.wandb import WandbLogger
 from attnlab.optim import check_optim
 from attnlab.runner.callbacks import ScoredExamples, ValidateAtEnd
+from attnlab.runner.checkpoints import LatestCheckpoint
 from attnlab.settings import (
     ARCHITECTURE,
     DESCRIPTIVE,
@@ -132,9 +133,18 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.
     if not loggers:  # (~logger) Lightning refuses a LearningRateMonitor with nothing to log to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     always = [ValidateAtEnd(), ScoredExamples()]
-    return trainer_from(
+    trainer = trainer_from(
         cfg.trainer, logger=loggers, callbacks=[*callbacks, *always, *extra_callbacks]
     )
+    trainer.callbacks = state_savers_last(trainer.callbacks)
+    return trainer
+
+
+def state_savers_last(callbacks: list[L.Callback]) -> list[L.Callback]:
+    """`callbacks` with LatestCheckpoint last: at the end of an epoch Lightning calls early
+    stopping and the checkpoint callbacks after the others, in list order, and last.ckpt
+    must hold what the best checkpoint and early stopping made of that epoch."""
+    return sorted(callbacks, key=lambda callback: isinstance(callback, LatestCheckpoint))
 
 
 def trainer_from(node: DictConfig, **settings: Any) -> L.Trainer:

@@ -101,10 +101,10 @@ def fit_and_test(
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from attnlab.runner import run
-    from attnlab.runner.checkpoints import LatestCheckpoint
+    from attnlab.runner.checkpoints import LatestCheckpoint, best_checkpoint
 
     metrics: dict[str, float] = {}
-    checkpoint = trainer.checkpoint_callback
+    checkpoint = best_checkpoint(trainer)
     if cfg.train:
         trainer.fit(system, datamodule, ckpt_path=cfg.ckpt_path)
         # a SIGTERM after fit's last look at it, which trainer.test would forget: the state is

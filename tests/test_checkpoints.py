@@ -32,7 +32,7 @@ SHM = Path("/dev/shm")
 
 SAVE_TWICE = """
 import sys, torch
-from attnlab.runner.checkpoints import AtomicCheckpointIO, LatestCheckpoint
+from attnlab.runner.checkpoints import AtomicCheckpointIO
 io = AtomicCheckpointIO()
 io.save_checkpoint({"n": 1, "w": torch.zeros(2**24)}, sys.argv[1])
 print("saving", flush=True)
@@ -135,12 +135,27 @@ def test_choosing_the_callbacks_anew_drops_the_stored_callback_options(make_conf
 
 
 @pytest.mark.parametrize(
-    "every", [{"every_n_steps": 0}, {"every_n_minutes": 0}, {"every_n_steps": -5}]
+    "every",
+    [{"every_n_steps": 0}, {"every_n_minutes": 0}, {"every_n_steps": -5}, {"every_n_steps": 0.5}],
 )
 def test_a_latest_checkpoint_every_zero_or_fewer_steps_or_minutes_is_one_sentence(every, tmp_path):
     options = {"every_n_minutes": None, "every_n_steps": None, **every}
-    with pytest.raises(ConfigError, match="give a positive number, or null"):
+    (value,) = every.values()
+    unit = "steps" if "every_n_steps" in every else "minutes"
+    with pytest.raises(ConfigError, match=f"saves every {value} {unit}: give a (whole|positive)"):
         LatestCheckpoint(str(tmp_path), keep_when_done=True, **options)
+
+
+def test_the_latest_checkpoint_saves_after_the_best_checkpoint_and_early_stopping(tmp_path):
+    """Whatever order the config lists them in: Lightning calls the monitoring callbacks (early
+    stopping, every Checkpoint) last, in list order, where an epoch ends."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from attnlab.runner.run import state_savers_last
+
+    latest = LatestCheckpoint(str(tmp_path), None, None, keep_when_done=True)
+    best, stopping = ModelCheckpoint(dirpath=tmp_path), EarlyStopping(monitor="val/loss")
+    assert state_savers_last([latest, best, stopping]) == [best, stopping, latest]
 
 
 DIALOGUE = "attnlab.tasks.dialogue.DialogueDataModule"

@@ -189,13 +189,15 @@ class LatestCheckpoint(Checkpoint):
                 "callbacks.latest takes every_n_minutes or every_n_steps, not both: set the "
                 "other to null"
             )
-        if (every_n_steps is not None and every_n_steps < 1) or (
-            every_n_minutes is not None and every_n_minutes <= 0
-        ):
+        if every_n_steps is not None and (every_n_steps < 1 or every_n_steps % 1):
             raise ConfigError(
-                f"callbacks.latest saves every {every_n_steps or every_n_minutes} "
-                f"{'steps' if every_n_steps is not None else 'minutes'}: give a positive number, "
-                "or null"
+                f"callbacks.latest saves every {every_n_steps} steps: give a whole number of at "
+                "least 1, or null"
+            )
+        if every_n_minutes is not None and every_n_minutes <= 0:
+            raise ConfigError(
+                f"callbacks.latest saves every {every_n_minutes} minutes: give a positive "
+                "number, or null"
             )
         self.path = Path(dirpath) / LAST
         self.every_n_minutes, self.every_n_steps = every_n_minutes, every_n_steps

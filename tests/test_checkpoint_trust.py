@@ -113,6 +113,22 @@ def test_a_stored_value_is_a_literal_or_left_out(program, payload, trained, tmp_
     assert made == set(), f"made outside the run directory: {sorted(made)}"
 
 
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_a_stored_override_of_a_setting_gone_names_the_checkpoint(program, trained, tmp_path):
+    """A run trained by a version that had a setting this one lacks: one sentence saying the
+    checkpoint supplied it, where the user typed nothing wrong."""
+    run_dir = tampered(trained, tmp_path, ["model.rotary_fraction=0.5"])
+    result = subprocess.run(
+        command(program, run_dir), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "attnlab: the run's checkpoint stores the override model.rotary_fraction=0.5, and "
+        "model.rotary_fraction is not a setting of this version of attnlab: resume or evaluate "
+        "the run with the version that trained it"
+    )
+
+
 @pytest.mark.parametrize(
     "override",
     [

@@ -90,7 +90,8 @@ def main() -> None:
                 "last.ckpt (the latest state) or <run>/checkpoints/epoch_NNN.ckpt (the best)"
             )
         arguments = evaluation_arguments(args)
-        arguments = check_setting_keys(arguments, "eval")
+        from_run = [arg for arg in arguments if arg not in args]
+        arguments = check_setting_keys(arguments, "eval", stored=from_run)
         if (run_dir := argument(args, "hydra.run.dir")) is not None:
             check_writable(Path(run_dir))
     except ConfigError as error:

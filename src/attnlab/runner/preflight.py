@@ -7,13 +7,15 @@ as a new top-level setting. An argument of Lightning's Trainer that conf/trainer
 list (`trainer.accumulate_grad_batches=2`) is a setting all the same: the Trainer's
 signature says so, and the override is passed on as `++trainer.accumulate_grad_batches=2`.
 A setting that moved into a node (`task.data.max_tokens`, now `task.data.batching.max_tokens`)
-is an error that names its new spelling.
+is an error that names its new spelling. An override a resumed or evaluated run stored, of a
+setting this version no longer has, is an error that says the run's file supplied it.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+from collections.abc import Collection
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -67,10 +69,12 @@ def moved_into(parent: DictConfig, parent_key: str, leaf: str) -> list[str]:
     return found
 
 
-def check_setting_keys(args: list[str], config_name: str) -> list[str]:
+def check_setting_keys(
+    args: list[str], config_name: str, stored: Collection[str] = ()
+) -> list[str]:
     """`args`, each Trainer argument the trainer config does not list made `++trainer.…`;
     raise a ConfigError for an override of a setting, or an added group, that does not
-    exist."""
+    exist. `stored`: the arguments read from a run's checkpoint, not typed by the user."""
     check_added_groups(args)
     if any(arg.startswith("-") for arg in args):  # -m, --help, --cfg: Hydra's own business
         return args
@@ -103,6 +107,12 @@ def check_setting_keys(args: list[str], config_name: str) -> list[str]:
         if parent_key == "trainer" and leaf in trainer_parameters():
             trainer_arguments.append(override.input_line)
             continue
+        if override.input_line in stored:
+            raise ConfigError(
+                f"the run's checkpoint stores the override {override.input_line}, and "
+                f"{override.key_or_group} is not a setting of this version of attnlab: "
+                "resume or evaluate the run with the version that trained it"
+            )
         if not isinstance(parent, DictConfig):
             raise ConfigError(f"{override.key_or_group} is not a setting: there is no {parent_key}")
         moved = moved_into(parent, parent_key, leaf)

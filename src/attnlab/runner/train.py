@@ -280,7 +280,8 @@ def main() -> None:
         if resumed is None:
             args = sys.argv[1:] = check_setting_keys(args, "train")
         else:
-            resumed = check_setting_keys(resumed, "train")
+            from_run = [arg for arg in resumed if arg not in args]
+            resumed = check_setting_keys(resumed, "train", stored=from_run)
         if first_process():  # the others run in rank 0's directory
             check_directories(args if resumed is None else resumed)
         check_launcher(args)

@@ -268,7 +268,8 @@ def training_arguments(args: list[str]) -> list[str] | None:
         if not checkpoint.is_file():
             raise ConfigError(
                 f"run_dir={run_dir} has no checkpoints/{LAST} to resume from: pass the directory "
-                "of a run that train.py wrote (logs/<task>/runs/<time>)"
+                "of a run that train.py wrote (logs/<task>/runs/<time>), or of a -m sweep "
+                "(logs/<task>/multiruns/<time>)"
             )
         args = [a for a in args if not a.startswith("run_dir=")] + [f"ckpt_path={checkpoint}"]
     if any(a.startswith("-") for a in args) and argument(args, "ckpt_path") not in (None, "null"):

@@ -268,14 +268,20 @@ def check_launcher(args: list[str]) -> None:
 
 def main() -> None:
     """A resumed run (`ckpt_path=...`, `run_dir=...`) is rebuilt from what it stored, ahead of
-    the command line (`attnlab.runner.job`); any other run is Hydra's app on the command line."""
+    the command line (`attnlab.runner.job`); `run_dir=<sweep dir>` finishes a sweep
+    (`attnlab.runner.sweep_resume`); any other run is Hydra's app on the command line."""
     from attnlab.runner.job import run_composed
     from attnlab.runner.preflight import check_setting_keys
-    from attnlab.runner.resume import training_arguments
+    from attnlab.runner.resume import argument, training_arguments
+    from attnlab.runner.sweep_resume import finish_sweep, is_sweep
 
     register_resolvers()
     args = sys.argv[1:]
     try:
+        run_dir = argument(args, "run_dir")
+        if run_dir is not None and is_sweep(Path(run_dir)):
+            extra = [arg for arg in args if not arg.startswith("run_dir=")]
+            raise SystemExit(finish_sweep(Path(run_dir), extra))
         resumed = training_arguments(args)
         if resumed is None:
             args = sys.argv[1:] = check_setting_keys(args, "train")

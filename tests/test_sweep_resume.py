@@ -1,0 +1,146 @@
+"""A -m sweep that stopped part-way is finished by `train.py run_dir=<sweep dir>`: its
+finished jobs are left untouched, an interrupted one resumes, the ones never started run
+with the overrides the sweep gave them, in its numbering."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+from omegaconf import OmegaConf
+from test_run_ownership import train_py
+
+from attnlab import status
+from attnlab.runner.sweep_resume import sweep_jobs
+
+TINY = [
+    "model=tiny", "task.data.train_size=64", "task.data.max_len=8", "extras.print_config=false",
+    "callbacks.progress_bar.refresh_rate=0",
+]  # fmt: skip
+
+
+def overrides(job_dir: Path) -> list[str]:
+    return OmegaConf.to_container(OmegaConf.load(job_dir / ".hydra" / "overrides.yaml"))
+
+
+@pytest.fixture(scope="module")
+def killed_sweep(tmp_path_factory) -> Path:
+    """A 3-job sweep SIGKILLed while its job 1 trains (its last.ckpt written at the end of an
+    epoch, each of one step): job 0 done, job 2 never started."""
+    sweep = tmp_path_factory.mktemp("killed") / "sweep"
+    process = subprocess.Popen(
+        [sys.executable, "train.py", "-m", *TINY, "trainer.max_epochs=2,60,3",
+         f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    last = sweep / "1" / "checkpoints" / "last.ckpt"
+    deadline = time.time() + 240
+    while not last.is_file() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL, "killed before job 1 checkpointed"
+    assert not (sweep / "2").exists()
+    return sweep
+
+
+def test_the_jobs_listed_again_are_the_ones_hydra_ran(killed_sweep):
+    jobs = sweep_jobs(killed_sweep)
+    assert len(jobs) == 3
+    assert [overrides(killed_sweep / str(n)) for n in (0, 1)] == jobs[:2]
+    assert jobs[2][-1] == "trainer.max_epochs=3" and jobs[2][:-1] == jobs[0][:-1]
+
+
+def test_a_killed_sweep_finishes_and_leaves_its_finished_job_alone(killed_sweep, tmp_path):
+    done = killed_sweep / "0"
+    before = {path: path.read_bytes() for path in done.rglob("*") if path.is_file()}
+    assert status.read(done).state == "completed"
+    result = train_py(f"run_dir={killed_sweep}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "attnlab: " + f"{killed_sweep}: 2 of 3 jobs to run or resume" in result.stdout
+    assert {path: path.read_bytes() for path in done.rglob("*") if path.is_file()} == before
+    for n, epochs in ((1, 60), (2, 3)):
+        record = status.read(killed_sweep / str(n))
+        assert record.state == "completed" and record.steps == epochs
+    assert record.earlier == 0.0, "job 2 ran afresh"
+    assert status.read(killed_sweep / "1").earlier > 0, "job 1 resumed, not restarted"
+    assert overrides(killed_sweep / "2") == sweep_jobs(killed_sweep)[2]
+    assert "comparison: " in result.stdout and (killed_sweep / "comparison.md").is_file()
+    again = train_py(f"run_dir={killed_sweep}")
+    assert again.returncode == 0 and "0 of 3 jobs to run or resume" in again.stdout
+
+
+def fake_sweep(directory: Path, sweeper: str, task: list[str]) -> Path:
+    directory.mkdir()
+    record = {"hydra": {"sweeper": {"_target_": sweeper, "params": {"pe": "none,rope"}},
+                        "overrides": {"task": task}, "launcher": {}}}  # fmt: skip
+    OmegaConf.save(record, directory / "multirun.yaml")
+    return directory
+
+
+BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def test_jobs_are_the_params_then_the_command_line_in_hydras_order(tmp_path):
+    sweep = fake_sweep(tmp_path / "s", BASIC, ["model=tiny", "seed=1,2", "hydra.verbose=true"])
+    assert sweep_jobs(sweep) == [
+        ["pe=none", "model=tiny", "seed=1"], ["pe=none", "model=tiny", "seed=2"],
+        ["pe=rope", "model=tiny", "seed=1"], ["pe=rope", "model=tiny", "seed=2"],
+    ]  # fmt: skip
+
+
+def last_line(result: subprocess.CompletedProcess) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_a_sweep_whose_trials_cannot_be_listed_again_is_one_sentence(tmp_path):
+    optuna = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    sweep = fake_sweep(tmp_path / "s", optuna, ["model=tiny"])
+    result = train_py(f"run_dir={sweep}")
+    assert result.returncode == 1
+    assert last_line(result) == (
+        f"attnlab: {sweep} was swept by {optuna}, whose trials cannot be listed again: resume "
+        "its jobs one by one with run_dir=<job dir>"
+    )
+
+
+def test_a_job_directory_that_ran_something_else_is_one_sentence(tmp_path):
+    sweep = fake_sweep(tmp_path / "s", BASIC, ["model=tiny"])
+    (sweep / "1" / ".hydra").mkdir(parents=True)
+    OmegaConf.save(["pe=alibi", "model=tiny"], sweep / "1" / ".hydra" / "overrides.yaml")
+    result = train_py(f"run_dir={sweep}")
+    assert result.returncode == 1
+    assert last_line(result) == (
+        f"attnlab: {sweep / '1'} did not run the job pe=rope model=tiny that "
+        f"{sweep / 'multirun.yaml'} lists as job 1: move it out of {sweep}, then resume again"
+    )
+
+
+def test_a_job_stopped_before_its_first_checkpoint_is_named_and_left(tmp_path):
+    sweep = fake_sweep(tmp_path / "s", BASIC, [*TINY, "trainer.max_epochs=1"])
+    job = sweep / "0"
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save(sweep_jobs(sweep)[0], job / ".hydra" / "overrides.yaml")
+    (job / "train.log").write_text("what it logged before it stopped\n")
+    result = train_py(f"run_dir={sweep}")
+    assert result.returncode == 1, "a job left undone fails the sweep"
+    assert (
+        f"attnlab: job 0 ({job}) holds no run: left as it is; delete it and resume again to "
+        "run it afresh"
+    ) in result.stderr
+    assert (job / "train.log").read_text() == "what it logged before it stopped\n"
+    assert status.read(sweep / "1").state == "completed"
+
+
+def test_finishing_a_sweep_with_a_flag_is_one_sentence(tmp_path):
+    sweep = fake_sweep(tmp_path / "s", BASIC, ["model=tiny"])
+    result = train_py("-m", f"run_dir={sweep}")
+    assert result.returncode == 1
+    assert last_line(result) == (
+        "attnlab: run_dir= of a sweep finishes it as it was launched, so it takes no flags "
+        "(-m): pass settings only"
+    )

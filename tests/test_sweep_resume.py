@@ -4,7 +4,9 @@ with the overrides the sweep gave them, in its numbering."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -144,3 +146,16 @@ def test_finishing_a_sweep_with_a_flag_is_one_sentence(tmp_path):
         "attnlab: run_dir= of a sweep finishes it as it was launched, so it takes no flags "
         "(-m): pass settings only"
     )
+
+
+def test_a_sweep_still_running_is_refused(tmp_path):
+    sweep = fake_sweep(tmp_path / "s", BASIC, ["model=tiny"])
+    (sweep / "0").mkdir()
+    status.RunStatus(state="running", started=time.time()).write(sweep / "0")  # this process
+    result = train_py(f"run_dir={sweep}")
+    assert result.returncode == 1
+    assert last_line(result) == (
+        f"attnlab: {sweep} is still running: job 0 trains (pid {os.getpid()} on "
+        f"{socket.gethostname()}); finish the sweep once it has stopped"
+    )
+    assert not (sweep / "1").exists()

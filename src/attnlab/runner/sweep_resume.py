@@ -89,8 +89,15 @@ def parallel_jobs(sweep: Path) -> int:
     return 1
 
 
-def job_command(sweep: Path, number: int, overrides: list[str], extra: list[str]) -> list[str]:
-    """How job `number` goes on: [] when it is complete or cannot go on by itself."""
+def job_command(
+    sweep: Path,
+    number: int,
+    overrides: list[str],
+    record: status.RunStatus | None,
+    extra: list[str],
+) -> list[str]:
+    """How job `number` (its run's status `record`) goes on: [] when it is complete or cannot
+    go on by itself."""
     from attnlab.runner.resume import allowed_overrides
 
     job_dir = sweep / str(number)
@@ -98,14 +105,13 @@ def job_command(sweep: Path, number: int, overrides: list[str], extra: list[str]
     allowed = allowed_overrides(overrides, f"{sweep / RECORD}, job {number}")
     if not job_dir.exists():
         return [*train, *allowed, *extra, f"hydra.run.dir={job_dir}"]
-    record = job_dir / ".hydra" / "overrides.yaml"
-    ran = OmegaConf.to_container(OmegaConf.load(record)) if record.is_file() else None
+    ran_file = job_dir / ".hydra" / "overrides.yaml"
+    ran = OmegaConf.to_container(OmegaConf.load(ran_file)) if ran_file.is_file() else None
     if not isinstance(ran, list) or (ran != overrides and ran[: len(allowed)] != allowed):
         raise ConfigError(
             f"{job_dir} did not run the job {' '.join(overrides)} that {sweep / RECORD} lists "
             f"as job {number}: move it out of {sweep}, then resume again"
         )
-    record = status.read(job_dir)
     if record is not None and record.state == "completed":
         return []  # a finished run keeps last.ckpt to be trained further, not by a resume
     if not (job_dir / "checkpoints" / LAST).is_file():
@@ -126,9 +132,17 @@ def finish_sweep(sweep: Path, extra: list[str]) -> int:
     numbered = {d.name for d in sweep.iterdir() if d.is_dir() and d.name.isdigit()}
     if strays := sorted(numbered - {str(n) for n in range(len(jobs))}, key=int):
         raise ConfigError(f"{sweep} lists {len(jobs)} jobs but holds job directories {strays}")
-    commands = {n: job_command(sweep, n, job, extra) for n, job in enumerate(jobs)}
+    records = {n: status.read(sweep / str(n)) for n in range(len(jobs))}
+    running = [(n, r) for n, r in records.items() if r and r.state == "running" and r.alive()]
+    if running:
+        n, record = running[0]
+        raise ConfigError(
+            f"{sweep} is still running: job {n} trains (pid {record.pid} on {record.host}); "
+            "finish the sweep once it has stopped"
+        )
+    commands = {n: job_command(sweep, n, job, records[n], extra) for n, job in enumerate(jobs)}
     for n in (n for n, command in commands.items() if not command):
-        record = status.read(sweep / str(n))
+        record = records[n]
         if record is None or record.state != "completed":
             state = "holds no run" if record is None else f"is {record.state}, with no {LAST}"
             print(

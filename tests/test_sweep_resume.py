@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from test_run_ownership import train_py
 
 from attnlab import status
-from attnlab.runner.sweep_resume import sweep_jobs
+from attnlab.runner.sweep_resume import JOBLIB, parallel_jobs, run_all, sweep_jobs
 
 TINY = [
     "model=tiny", "task.data.train_size=64", "task.data.max_len=8", "extras.print_config=false",
@@ -159,3 +159,51 @@ def test_a_sweep_still_running_is_refused(tmp_path):
         f"{socket.gethostname()}); finish the sweep once it has stopped"
     )
     assert not (sweep / "1").exists()
+
+
+@pytest.mark.parametrize(
+    ("launcher", "expected"),
+    [({"_target_": JOBLIB, "n_jobs": 2}, 2), ({"_target_": JOBLIB, "n_jobs": "${x}"}, 1), ({}, 1)],
+)
+def test_jobs_run_as_many_at_a_time_as_the_sweeps_joblib_ran(tmp_path, launcher, expected):
+    sweep = fake_sweep(tmp_path / "s", BASIC, [])
+    record = OmegaConf.load(sweep / "multirun.yaml")
+    record.hydra.launcher = launcher
+    OmegaConf.save(record, sweep / "multirun.yaml")
+    assert parallel_jobs(sweep) == expected
+
+
+def child(mark: Path) -> list[str]:
+    """A job that records its threads and lifetime, and saves 'int' on SIGINT."""
+    code = (
+        "import os, signal, sys, time; mark = sys.argv[1]\n"
+        "signal.signal(signal.SIGINT, lambda *_: (open(mark + '.int', 'w').close(), sys.exit(3)))\n"
+        "open(mark, 'w').write(f\"{os.environ.get('OMP_NUM_THREADS')} {time.time()}\")\n"
+        "time.sleep(float(sys.argv[2])); open(mark + '.end', 'w').write(str(time.time()))\n"
+    )
+    return [sys.executable, "-c", code, str(mark)]
+
+
+def test_two_at_a_time_each_on_its_share_of_the_cores(tmp_path):
+    assert run_all([[*child(tmp_path / str(n)), "0.5"] for n in range(3)], 2) is None
+    started = {n: float((tmp_path / str(n)).read_text().split()[1]) for n in range(3)}
+    ended = {n: float((tmp_path / f"{n}.end").read_text()) for n in range(3)}
+    assert started[2] >= min(ended[0], ended[1]), "the third waited for a place"
+    threads = {(tmp_path / str(n)).read_text().split()[0] for n in range(3)}
+    assert threads == {str(max(1, (os.cpu_count() or 1) // 2))}
+
+
+def test_ctrl_c_reaches_each_running_job_and_starts_no_other(tmp_path):
+    jobs = [[*child(tmp_path / str(n)), "60"] for n in range(3)]
+    script = (
+        "import sys; from attnlab.runner.sweep_resume import run_all\n"
+        f"sys.exit(128 + run_all({jobs!r}, 2))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 60
+    while not all((tmp_path / str(n)).is_file() for n in (0, 1)) and time.time() < deadline:
+        time.sleep(0.05)
+    parent.send_signal(signal.SIGINT)
+    assert parent.wait(timeout=60) == 128 + signal.SIGINT
+    assert [(tmp_path / f"{n}.int").is_file() for n in range(3)] == [True, True, False]
+    assert not (tmp_path / "2").exists()

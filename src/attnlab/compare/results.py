@@ -94,6 +94,7 @@ BUDGET = {  # what a block's budget line names, and the config key each run hold
     "lr": "task.optim.lr",
     "warm-up steps": "task.optim.warmup_steps",
     "schedule": "task.optim.schedule",
+    "precision": "trainer.precision",
 }
 
 

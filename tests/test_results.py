@@ -19,6 +19,7 @@ import yaml
 from helpers import ROOT
 from test_compare import fake_run
 
+from attnlab import status
 from attnlab.compare import results
 from attnlab.compare.report import compare
 from attnlab.compare.results import archive, budget, regenerate
@@ -259,6 +260,18 @@ def test_a_blocks_budget_line_is_read_from_the_runs_configs_and_statuses(tmp_pat
         "100 examples only; checkpoint tested: best val/acc (max) on validation; stopped early "
         "on val/acc at 0.99 (after 1 validation)."
     )
+
+
+def test_a_budget_line_names_the_devices_the_runs_recorded(tmp_path):
+    for job, device in enumerate(("NVIDIA H200", "NVIDIA H200", None)):
+        run = fake_run(tmp_path / str(job), [f"seed={job}"], [{"step": 5, "val/acc": 0.5}])
+        recorded = status.read(run)
+        recorded.device = device
+        recorded.write(run)
+    line = budget(find_runs(tmp_path))
+    assert "; on NVIDIA H200 (1 of 3 runs did not record theirs); " in line
+    (tmp_path / "2").rename(tmp_path.parent / "unrecorded")
+    assert "; on NVIDIA H200; " in budget(find_runs(tmp_path))
 
 
 def test_a_budget_line_gives_the_stopping_rule_and_the_validations_each_run_made(tmp_path):

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import ROOT, compose_config, every_combination
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
@@ -159,7 +160,9 @@ def test_a_run_logs_its_learning_rate_and_throughput_and_draws_its_attention(tmp
     throughput = [float(r["train/tokens_per_s"]) for r in rows if r.get("train/tokens_per_s")]
     assert len(throughput) == 8 and min(throughput) > 0, "TokenThroughput logged every step"
     assert (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
-    assert status.read(tmp_path).state == "completed"
+    recorded = status.read(tmp_path)
+    assert recorded.state == "completed"
+    assert recorded.device.endswith(f", {torch.get_num_threads()} threads"), recorded.device
 
 
 def test_a_dry_run_draws_nothing(make_config, tmp_path):

@@ -37,6 +37,7 @@ class RunStatus:
     earlier: float = 0.0  # seconds run before the latest resume
     steps: int | None = None  # optimizer steps taken
     params: int | None = None  # trainable parameters
+    device: str | None = None  # what trained it: a GPU's name, or the CPU's and its threads
     error: str | None = None  # the error's last line ("ValueError: ..."), or INTERRUPTED
     traceback: str | None = None
     pid: int = field(default_factory=os.getpid)

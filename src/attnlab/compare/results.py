@@ -262,6 +262,10 @@ def budget(runs: list[Run]) -> str:
     if steps:
         parts.append(f"ran {spread(steps)} steps")
     parts += [f"{label} {found}" for label, key in BUDGET.items() if (found := values(runs, key))]
+    if devices := sorted({run.status.device for run in runs if run.status and run.status.device}):
+        unrecorded = sum(1 for run in runs if not (run.status and run.status.device))
+        parts.append(f"on {' / '.join(devices)}" + (
+            f" ({unrecorded} of {len(runs)} runs did not record theirs)" if unrecorded else ""))  # fmt: skip
     generated = values(runs, "task.system.val_generate")
     if generated:
         parts.append(f"validation generates for the first {generated} examples only")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import platform
 import sys
 import warnings
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from lightning.pytorch.callbacks import LearningRateMonitor
@@ -122,6 +124,20 @@ def check_accelerator(accelerator: str) -> None:
             f"trainer.accelerator={accelerator} needs a GPU, and this machine has none: use "
             "trainer=cpu, or trainer.accelerator=auto to use a GPU wherever there is one"
         )
+
+
+def device_name(device: torch.device) -> str:
+    """What trains on `device`: a GPU's name, or the CPU's model and torch's thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        return device.type
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in
+             (cpuinfo.read_text().splitlines() if cpuinfo.is_file() else [])
+             if line.startswith("model name")]  # fmt: skip
+    model = names[0] if names else (platform.processor() or platform.machine())
+    return f"{model}, {torch.get_num_threads()} threads"
 
 
 def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.Trainer:

@@ -84,6 +84,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         overrides = absolute_locations(run.command_line_overrides(), cfg.paths.root_dir)
         record = RunRecord(overrides, to_dict(cfg))
         trainer = run.build_trainer(cfg, [record])
+        tracker.update(device=run.device_name(trainer.strategy.root_device))
         try:
             with run.closing_loggers(trainer):
                 run.log_hyperparameters(trainer, run.logged_config(cfg, system))

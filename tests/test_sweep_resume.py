@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from test_run_ownership import train_py
 
 from attnlab import status
-from attnlab.runner.sweep_resume import JOBLIB, parallel_jobs, run_all, sweep_jobs
+from attnlab.runner.sweep_resume import JOBLIB, job_command, parallel_jobs, run_all, sweep_jobs
 
 TINY = [
     "model=tiny", "task.data.train_size=64", "task.data.max_len=8", "extras.print_config=false",
@@ -207,3 +207,13 @@ def test_ctrl_c_reaches_each_running_job_and_starts_no_other(tmp_path):
     assert parent.wait(timeout=60) == 128 + signal.SIGINT
     assert [(tmp_path / f"{n}.int").is_file() for n in range(3)] == [True, True, False]
     assert not (tmp_path / "2").exists()
+
+
+def test_a_job_never_started_reads_its_data_from_where_the_sweep_was_launched(tmp_path):
+    sweep = fake_sweep(tmp_path / "s", BASIC, ["task.data.dir=corpus"])
+    record = OmegaConf.load(sweep / "multirun.yaml")
+    record.hydra.runtime = {"cwd": str(tmp_path / "launched_here")}
+    OmegaConf.save(record, sweep / "multirun.yaml")
+    command = job_command(sweep, 1, sweep_jobs(sweep)[1], None, [])
+    assert f"task.data.dir='{tmp_path / 'launched_here' / 'corpus'}'" in command
+    assert command[-1] == f"hydra.run.dir={sweep / '1'}"

@@ -6,7 +6,8 @@ numbering, `<sweep dir>/<job num>`. Each job, by what its directory holds:
 - a completed run: left as it is (even with the `last.ckpt` it may keep);
 - `checkpoints/last.ckpt`: resumed, as `train.py run_dir=<job dir>` would;
 - nothing (the sweep stopped before the job started): run in `<sweep dir>/<job num>` with the
-  job's overrides that attnlab.runner.resume's allow-list passes (it names any it leaves out);
+  job's overrides that attnlab.runner.resume's allow-list passes (it names any it leaves out),
+  relative data locations taken from the directory the sweep was launched from;
 - anything else (a failed run, or one stopped before its first checkpoint): named and left
   alone, with its logs; delete its directory and resume again to run it afresh.
 The resume launches the jobs itself, so the sweep's Hydra settings (`hydra/launcher=joblib`,
@@ -98,16 +99,23 @@ def job_command(
 ) -> list[str]:
     """How job `number` (its run's status `record`) goes on: [] when it is complete or cannot
     go on by itself."""
-    from attnlab.runner.resume import allowed_overrides
+    from attnlab.runner.resume import absolute_locations, allowed_overrides
 
     job_dir = sweep / str(number)
     train = [sys.executable, "-m", "attnlab.runner.train"]
     allowed = allowed_overrides(overrides, f"{sweep / RECORD}, job {number}")
+    launched_from = (_stored(sweep).get("runtime") or {}).get("cwd")
+    # relative data locations read from where the sweep was launched, as its jobs did
+    located = (
+        absolute_locations(allowed, launched_from) if isinstance(launched_from, str) else allowed
+    )
     if not job_dir.exists():
-        return [*train, *allowed, *extra, f"hydra.run.dir={job_dir}"]
+        return [*train, *located, *extra, f"hydra.run.dir={job_dir}"]
     ran_file = job_dir / ".hydra" / "overrides.yaml"
     ran = OmegaConf.to_container(OmegaConf.load(ran_file)) if ran_file.is_file() else None
-    if not isinstance(ran, list) or (ran != overrides and ran[: len(allowed)] != allowed):
+    if not isinstance(ran, list) or (
+        ran != overrides and ran[: len(allowed)] != allowed and ran[: len(located)] != located
+    ):
         raise ConfigError(
             f"{job_dir} did not run the job {' '.join(overrides)} that {sweep / RECORD} lists "
             f"as job {number}: move it out of {sweep}, then resume again"

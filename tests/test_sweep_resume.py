@@ -79,7 +79,8 @@ def test_a_killed_sweep_finishes_and_leaves_its_finished_job_alone(killed_sweep,
 def fake_sweep(directory: Path, sweeper: str, task: list[str]) -> Path:
     directory.mkdir()
     record = {"hydra": {"sweeper": {"_target_": sweeper, "params": {"pe": "none,rope"}},
-                        "overrides": {"task": task}, "launcher": {}}}  # fmt: skip
+                        "overrides": {"task": task}, "launcher": {},
+                        "sweep": {"subdir": "${hydra.job.num}"}}}  # fmt: skip
     OmegaConf.save(record, directory / "multirun.yaml")
     return directory
 
@@ -211,9 +212,30 @@ def test_ctrl_c_reaches_each_running_job_and_starts_no_other(tmp_path):
 
 def test_a_job_never_started_reads_its_data_from_where_the_sweep_was_launched(tmp_path):
     sweep = fake_sweep(tmp_path / "s", BASIC, ["task.data.dir=corpus"])
-    record = OmegaConf.load(sweep / "multirun.yaml")
-    record.hydra.runtime = {"cwd": str(tmp_path / "launched_here")}
-    OmegaConf.save(record, sweep / "multirun.yaml")
-    command = job_command(sweep, 1, sweep_jobs(sweep)[1], None, [])
+    launched_here = str(tmp_path / "launched_here")
+    command = job_command(sweep, 1, sweep_jobs(sweep)[1], None, [], launched_here)
     assert f"task.data.dir='{tmp_path / 'launched_here' / 'corpus'}'" in command
     assert command[-1] == f"hydra.run.dir={sweep / '1'}"
+
+
+def test_a_sweep_whose_jobs_are_not_numbered_is_one_sentence(tmp_path):
+    sweep = fake_sweep(tmp_path / "s", BASIC, ["model=tiny"])
+    record = OmegaConf.load(sweep / "multirun.yaml")
+    record.hydra.sweep.subdir = "${hydra.job.override_dirname}"
+    OmegaConf.save(record, sweep / "multirun.yaml")
+    result = train_py(f"run_dir={sweep}")
+    assert result.returncode == 1
+    assert last_line(result) == (
+        f"attnlab: {sweep} names its job directories ${{hydra.job.override_dirname}}, not by job "
+        "number: resume its jobs one by one with run_dir=<job dir>"
+    )
+    assert not (sweep / "0").exists()
+
+
+def test_a_job_directory_with_a_damaged_record_is_one_sentence(tmp_path):
+    sweep = fake_sweep(tmp_path / "s", BASIC, ["model=tiny"])
+    (sweep / "0" / ".hydra").mkdir(parents=True)
+    (sweep / "0" / ".hydra" / "overrides.yaml").write_text("- [unclosed\n")
+    result = train_py(f"run_dir={sweep}")
+    assert result.returncode == 1
+    assert last_line(result).startswith(f"attnlab: {sweep / '0'} did not run the job pe=none")

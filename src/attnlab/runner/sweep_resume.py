@@ -37,6 +37,7 @@ from attnlab.settings import ConfigError
 RECORD = "multirun.yaml"  # Hydra writes it into every sweep directory
 BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
+JOB_NUMBER = "${hydra.job.num}"  # conf/hydra's sweep.subdir: the jobs' directories by number
 
 
 def is_sweep(directory: Path) -> bool:
@@ -69,6 +70,12 @@ def sweep_jobs(sweep: Path) -> list[list[str]]:
             f"{sweep} was swept by {sweeper.get('_target_')}, whose trials cannot be listed "
             "again: resume its jobs one by one with run_dir=<job dir>"
         )
+    subdir = (hydra.get("sweep") or {}).get("subdir")
+    if subdir != JOB_NUMBER:
+        raise ConfigError(
+            f"{sweep} names its job directories {subdir}, not by job number: resume its jobs "
+            "one by one with run_dir=<job dir>"
+        )
     params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
     arguments = [*params, *((hydra.get("overrides") or {}).get("task") or [])]
     try:
@@ -96,23 +103,24 @@ def job_command(
     overrides: list[str],
     record: status.RunStatus | None,
     extra: list[str],
+    launched_from: str | None = None,
 ) -> list[str]:
     """How job `number` (its run's status `record`) goes on: [] when it is complete or cannot
-    go on by itself."""
+    go on by itself. `launched_from`: the directory the sweep ran in."""
     from attnlab.runner.resume import absolute_locations, allowed_overrides
 
     job_dir = sweep / str(number)
     train = [sys.executable, "-m", "attnlab.runner.train"]
     allowed = allowed_overrides(overrides, f"{sweep / RECORD}, job {number}")
-    launched_from = (_stored(sweep).get("runtime") or {}).get("cwd")
     # relative data locations read from where the sweep was launched, as its jobs did
-    located = (
-        absolute_locations(allowed, launched_from) if isinstance(launched_from, str) else allowed
-    )
+    located = absolute_locations(allowed, launched_from) if launched_from else allowed
     if not job_dir.exists():
         return [*train, *located, *extra, f"hydra.run.dir={job_dir}"]
     ran_file = job_dir / ".hydra" / "overrides.yaml"
-    ran = OmegaConf.to_container(OmegaConf.load(ran_file)) if ran_file.is_file() else None
+    try:
+        ran = OmegaConf.to_container(OmegaConf.load(ran_file)) if ran_file.is_file() else None
+    except Exception:
+        ran = None  # unreadable: not this job's record either
     if not isinstance(ran, list) or (
         ran != overrides and ran[: len(allowed)] != allowed and ran[: len(located)] != located
     ):
@@ -148,7 +156,12 @@ def finish_sweep(sweep: Path, extra: list[str]) -> int:
             f"{sweep} is still running: job {n} trains (pid {record.pid} on {record.host}); "
             "finish the sweep once it has stopped"
         )
-    commands = {n: job_command(sweep, n, job, records[n], extra) for n, job in enumerate(jobs)}
+    launched_from = (_stored(sweep).get("runtime") or {}).get("cwd")
+    launched_from = launched_from if isinstance(launched_from, str) else None
+    commands = {
+        n: job_command(sweep, n, job, records[n], extra, launched_from)
+        for n, job in enumerate(jobs)
+    }
     for n in (n for n, command in commands.items() if not command):
         record = records[n]
         if record is None or record.state != "completed":

@@ -22,6 +22,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def subnormal_floats():
+    """A test that calls an entry point in this process (train.py's main) turns on flushing
+    subnormal floats, as every run does; turn it off again for the next test, whose checks
+    (hypothesis's among them) count on IEEE arithmetic."""
+    yield
+    torch.set_flush_denormal(False)
+
+
 QUIET = [
     "~logger",
     "callbacks.progress_bar.refresh_rate=0",

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from attnlab.attention.distance import Span, distance_attention
 from attnlab.attention.flex import BlockMasks, flex_attend
 from attnlab.norm.base import Normalizer
 from attnlab.pe.base import PositionalEncoding
@@ -137,8 +138,9 @@ def attend(
     """
     n, chunk = q_pos.shape[0], compute.chunk
     flex = compute.flex and v.is_cuda and n > 1 and not compute.dropout and parts.flex()
-    fused = flex or (compute.fast and parts.fused())
-    if chunk is not None and n > chunk and torch.is_grad_enabled() and not fused:
+    distance = _distance_scores(parts, compute, v, q_pos, k_pos)
+    fused = flex or distance is not None or (compute.fast and parts.fused())
+    if chunk is not None and n > chunk and not fused:
         whole = replace(compute, chunk=None)
         blocks = []
         for start in range(0, n, chunk):
@@ -146,10 +148,18 @@ def attend(
             block_q = None if q is None else q[:, :, rows]
             block_mask = mask if mask is None or mask.shape[-2] == 1 else mask[..., rows, :]
             args = (x[:, rows], block_q, k, v, q_pos[rows], k_pos, block_mask, whole)
-            blocks.append(checkpoint(attend, parts, layer, *args, use_reentrant=False))
+            if torch.is_grad_enabled():
+                blocks.append(checkpoint(attend, parts, layer, *args, use_reentrant=False))
+            else:
+                blocks.append(attend(parts, layer, *args))
         return torch.cat(blocks, 2)
     if flex:
         return flex_path(parts, layer, q, k, v, q_pos, k_pos, mask)
+    if distance is not None:
+        assert q is not None and k is not None
+        term, span = distance
+        scale = parts.pe.scale(q.shape[-1])
+        return distance_attention(q, k, v, term.to(q.dtype), span, mask, is_causal, scale, chunk)
     synthesis = parts.synthesizer(x, q_pos, k_pos, layer)
     extra = _add(synthesis.logits, parts.pe.score_bias(q, k, q_pos, k_pos, layer))
     if synthesis.dot is not None and compute.fast and parts.fast():
@@ -166,6 +176,18 @@ def attend(
     weights = _weights(parts, layer, synthesis.dot, extra, q, k, q_pos, k_pos, mask)
     weights = F.dropout(weights, compute.dropout, training=compute.dropout > 0)
     return _add(torch.matmul(weights, v), parts.pe.value_term(weights, q_pos, k_pos, layer))
+
+
+def _distance_scores(
+    parts: AttentionParts, compute: Compute, v: Tensor, q_pos: Tensor, k_pos: Tensor
+) -> tuple[Tensor, Span] | None:
+    """The PE's term per distance for the fused CPU path (`attention/distance.py`), or None
+    where that path does not apply: not softmax of a plain dot product, not on the CPU, with
+    attention dropout, or not a term of j − i over consecutive positions."""
+    applies = compute.fast and not compute.dropout and v.device.type == "cpu"
+    if not (applies and parts.fast() and parts.synthesizer.plain_dot):
+        return None
+    return parts.pe.distance_scores(q_pos, k_pos)
 
 
 def flex_path(

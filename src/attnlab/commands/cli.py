@@ -141,8 +141,15 @@ def print_generated(settings: list[str]) -> None:
     print(SAMPLE_RULE.join(texts))
 
 
+MODEL_COMMANDS = ("generate", "chat", "export", "translate")  # they run a model
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.command in MODEL_COMMANDS:
+        from attnlab.tensors import flush_denormals
+
+        flush_denormals()
     try:
         if args.command == "compare":
             from attnlab.compare.report import compare

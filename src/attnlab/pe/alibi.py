@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnlab.pe.base import PositionalEncoding, ScoreMod, relative_positions
+from attnlab.pe.base import DistanceTerm
 from attnlab.shape import StackShape
 
 
@@ -38,23 +38,11 @@ def alibi_slopes(n_heads: int) -> list[float]:
     return geometric_slopes(c) + geometric_slopes(2 * c)[0::2][: n_heads - c]
 
 
-class ALiBi(PositionalEncoding):
-    adds_score_terms = True
-    flex = True
-
+class ALiBi(DistanceTerm):
     def __init__(self, shape: StackShape) -> None:
         super().__init__(shape)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(shape.n_heads)), persistent=False)
 
-    def score_bias(
-        self, q: Tensor | None, k: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int
-    ) -> Tensor:
-        """[1, H, Lq, Lk] = −m_h·|i − j|."""
-        distance = relative_positions(q_pos, k_pos).abs()
-        return -(self.slopes[:, None, None] * distance)[None]
-
-    def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:
-        def subtract_distance(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-            return score - self.slopes[h] * (k_pos[j] - q_pos[i]).abs()
-
-        return subtract_distance
+    def distance_term(self, distances: Tensor) -> Tensor:
+        """[H, R] −m_h·|d|."""
+        return -(self.slopes[:, None] * distances.abs())

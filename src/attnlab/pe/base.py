@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention.distance import Span, distance_span, toeplitz
 from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 from attnlab.tensors import float64_home
@@ -98,6 +99,11 @@ class PositionalEncoding(nn.Module):
         """`score_bias` as a FlexAttention score_mod, for variants that set `flex`."""
         raise NotImplementedError(f"{type(self).__name__} gives no score_mod")
 
+    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Span] | None:
+        """`score_bias`'s whole term as a vector [H, R] over the distances of a `Span`, where
+        it is a term of j − i alone over consecutive positions (`DistanceTerm`); None here."""
+        return None
+
     def reweight(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
         return weights
 
@@ -124,3 +130,44 @@ def angles(pos: Tensor, dim: int, base: float) -> Tensor:
     pos = pos.to(float64_home(pos.device), torch.float64)
     frequencies = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=pos.device) / dim)
     return pos[:, None] * frequencies[None, :]
+
+
+class DistanceTerm(PositionalEncoding):
+    """A score term b_h(j − i) of the distance alone (t5, alibi, kerple): a subclass gives
+    `distance_term`, b over a vector of distances, and gets `score_bias` and `score_mod`.
+    Over consecutive positions the term is computed once per distance and expanded
+    (`attnlab.attention.distance`); on the CPU, softmax attention then takes the fused kernel
+    with the term as its mask, a block of queries at a time."""
+
+    adds_score_terms = True
+    flex = True
+
+    def distance_term(self, distances: Tensor) -> Tensor:
+        """[H, R] b_h(d) of each distance d in `distances` [R] (integers, key minus query)."""
+        raise NotImplementedError
+
+    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Span] | None:
+        span = distance_span(q_pos, k_pos)
+        return None if span is None else (self.distance_term(span.distances(q_pos.device)), span)
+
+    def score_bias(
+        self, q: Tensor | None, k: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int
+    ) -> Tensor:
+        """[1, H, Lq, Lk], the same for every layer."""
+        scores = self.distance_scores(q_pos, k_pos)
+        if scores is None:  # not consecutive (randomized positions): one value per (i, j)
+            rel = relative_positions(q_pos, k_pos)
+            return self.distance_term(rel.flatten()).view(-1, *rel.shape)[None]
+        term, span = scores
+        return toeplitz(term, span.offset(0), span.lq, span.lk)[None]
+
+    def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:
+        """Reads b_h(j − i) from the vector over every distance between the positions."""
+        low = int(k_pos.min() - q_pos.max())
+        high = int(k_pos.max() - q_pos.min())
+        term = self.distance_term(torch.arange(low, high + 1, device=q_pos.device))
+
+        def add_term(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            return score + term[h, k_pos[j] - q_pos[i] - low]
+
+        return add_term

@@ -31,7 +31,12 @@ The bias is computed in the parameters' precision with autocast off: bf16 keeps 
 significant bits of u, so at long range, where ψ is flat, many neighbouring distances would
 share one input. Content-free, but an MLP per (i, j): as a FlexAttention score_mod it would
 sum over the hidden units inside the kernel for every score, which is not attempted here, so
-no `flex`; softmax passes the [H, Lq, Lk] bias to SDPA as a float mask.
+no `flex`.
+
+Where every query has the same divisor (a bidirectional stack: reach_i is the last position;
+a causal one while every position is below L), u_ij depends on i − j alone: f_θ then runs on
+the Lq + Lk − 1 distances, not on every (i, j), and on the CPU softmax takes the fused path
+of `attnlab.attention.distance`. A causal stack longer than L gets the MLP of every (i, j).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention.distance import Span, distance_span, toeplitz
 from attnlab.pe.base import PositionalEncoding, relative_positions
 from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
@@ -51,15 +57,19 @@ def psi(x: Tensor, c: Tensor) -> Tensor:
     return torch.log1p(c.abs() * x)
 
 
-def mlp_inputs(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor, causal: bool) -> Tensor:
-    """[Lq, Lk] inputs u_ij = sgn(i − j)·ψ(|i − j|)/(ψ(max(L, reach_i)) + ε), where reach_i
-    is i in a causal stack and max(i, last key position) otherwise."""
-    dtype = c.dtype
-    rel = -relative_positions(q_pos, k_pos).to(dtype)  # i − j
-    reach = q_pos.to(dtype)
+def divisors(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor, causal: bool) -> Tensor:
+    """[Lq] ψ(max(L, reach_i)) + ε, where reach_i is i in a causal stack and max(i, last key
+    position) otherwise."""
+    reach = q_pos.to(c.dtype)
     if not causal:
-        reach = torch.maximum(reach, k_pos.max().to(dtype))
-    divisor = psi(torch.maximum(reach, threshold), c) + EPS
+        reach = torch.maximum(reach, k_pos.max().to(c.dtype))
+    return psi(torch.maximum(reach, threshold), c) + EPS
+
+
+def mlp_inputs(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor, causal: bool) -> Tensor:
+    """[Lq, Lk] inputs u_ij = sgn(i − j)·ψ(|i − j|)/(ψ(max(L, reach_i)) + ε)."""
+    rel = -relative_positions(q_pos, k_pos).to(c.dtype)  # i − j
+    divisor = divisors(q_pos, k_pos, c, threshold, causal)
     return rel.sign() * psi(rel.abs(), c) / divisor[:, None]
 
 
@@ -98,6 +108,26 @@ class FIRE(PositionalEncoding):
         self, q: Tensor | None, k: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> Tensor:
         """[1, H, Lq, Lk], the same for every layer."""
+        scores = self.distance_scores(q_pos, k_pos)
+        if scores is not None:
+            term, span = scores
+            return toeplitz(term, span.offset(0), span.lq, span.lk)[None]
         with torch.autocast(q_pos.device.type, enabled=False):
             bias = self.mlp(self.mlp_inputs(q_pos, k_pos)[..., None])
         return bias.permute(2, 0, 1)[None]
+
+    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Span] | None:
+        """f_θ over the distances alone where every query has the same divisor: always in a
+        bidirectional stack (reach_i is the last position), and in a causal one while every
+        query is below the threshold L; over consecutive positions."""
+        span = distance_span(q_pos, k_pos)
+        if span is None:
+            return None
+        ends = q_pos[[0, -1]]
+        divisor = divisors(ends, k_pos, self.c, self.threshold(), self.causal)
+        if divisor[0] != divisor[1]:
+            return None
+        rel = -span.distances(q_pos.device).to(self.c.dtype)  # i − j
+        with torch.autocast(q_pos.device.type, enabled=False):
+            term = self.mlp((rel.sign() * psi(rel.abs(), self.c) / divisor[0])[:, None])
+        return term.T, span

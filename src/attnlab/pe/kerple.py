@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from attnlab.pe.base import PositionalEncoding, ScoreMod, relative_positions
+from attnlab.pe.base import DistanceTerm
 from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
@@ -97,10 +97,7 @@ VARIANTS = {
 }
 
 
-class KERPLE(PositionalEncoding):
-    adds_score_terms = True
-    flex = True
-
+class KERPLE(DistanceTerm):
     def __init__(self, shape: StackShape, variant: str) -> None:
         super().__init__(shape)
         if variant not in VARIANTS:
@@ -114,19 +111,7 @@ class KERPLE(PositionalEncoding):
         """r1 and r2 [H] within their bounds, as the bias uses them."""
         return bounded(self.r1, LOWER_BOUND), bounded(self.r2, LOWER_BOUND, self.r2_bound)
 
-    def score_bias(
-        self, q: Tensor | None, k: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int
-    ) -> Tensor:
-        """[1, H, Lq, Lk], the same for every layer."""
+    def distance_term(self, distances: Tensor) -> Tensor:
+        """[H, R] b_h(|d|)."""
         r1, r2 = self.bounded()
-        distance = relative_positions(q_pos, k_pos).abs().to(r1.dtype)
-        return self.kernel(r1[:, None, None], r2[:, None, None], distance)[None]
-
-    def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:
-        r1, r2 = self.bounded()
-
-        def add_kernel(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-            distance = (k_pos[j] - q_pos[i]).abs().to(r1.dtype)
-            return score + self.kernel(r1[h], r2[h], distance)
-
-        return add_kernel
+        return self.kernel(r1[:, None], r2[:, None], distances.abs().to(r1.dtype))

@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab.pe.base import PositionalEncoding, ScoreMod, relative_positions
+from attnlab.pe.base import DistanceTerm
 from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
@@ -50,10 +50,7 @@ def relative_position_bucket(
     return offset + torch.where(n < max_exact, n, large.clamp_max(num_buckets - 1))
 
 
-class T5PE(PositionalEncoding):
-    adds_score_terms = True
-    flex = True
-
+class T5PE(DistanceTerm):
     def __init__(self, shape: StackShape, num_buckets: int, max_distance: int) -> None:
         super().__init__(shape)
         bidirectional = not shape.causal
@@ -77,19 +74,11 @@ class T5PE(PositionalEncoding):
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Parameter(torch.randn(num_buckets, shape.n_heads) * shape.d_model**-0.5)
 
-    def score_bias(
-        self, q: Tensor | None, k: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int
-    ) -> Tensor:
-        """[1, H, Lq, Lk], the same for every layer."""
-        return self.table[self.bucket(relative_positions(q_pos, k_pos))].permute(2, 0, 1)[None]
+    def distance_term(self, distances: Tensor) -> Tensor:
+        """[H, R] b_h[bucket(d)]."""
+        return self.table[self.bucket(distances)].T
 
     def bucket(self, rel: Tensor) -> Tensor:
         return relative_position_bucket(
             rel, self.bidirectional, self.num_buckets, self.max_distance
         )
-
-    def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:
-        def add_bias(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-            return score + self.table[self.bucket(k_pos[j] - q_pos[i]), h]
-
-        return add_bias

@@ -32,6 +32,7 @@ from attnlab.runner.resume import (
 )
 from attnlab.settings import ConfigError, check_writable, own_class, register_resolvers, to_dict
 from attnlab.stored import RECORD_KEY, read_checkpoint, rebuild
+from attnlab.tensors import flush_denormals
 
 STAGES = {"test": "test", "val": "validate"}  # split=... -> Lightning's stage
 
@@ -78,6 +79,7 @@ def evaluate_main(cfg: DictConfig) -> dict[str, float]:
 def main() -> None:
     """The checkpoint's overrides ahead of the command line's, composed (`attnlab.runner.job`);
     flags (--help, --cfg, ...) go to Hydra's app with the command line as given."""
+    flush_denormals()
     register_resolvers()
     args = sys.argv[1:]
     if any(a.startswith("-") for a in args):

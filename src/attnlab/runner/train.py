@@ -147,8 +147,10 @@ def averaged_over_ranks(trainer: L.Trainer, metrics: dict[str, float]) -> dict[s
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def train_main(cfg: DictConfig) -> float | None:
     from attnlab.runner.run import in_sweep
+    from attnlab.tensors import flush_denormals
 
-    register_resolvers()  # again: a launcher's worker process (joblib, submitit) starts here
+    flush_denormals()  # again: a launcher's worker process (joblib, submitit) starts here
+    register_resolvers()
 
     try:
         metrics = train(cfg)
@@ -275,7 +277,9 @@ def main() -> None:
     from attnlab.runner.preflight import check_setting_keys
     from attnlab.runner.resume import argument, training_arguments
     from attnlab.runner.sweep_resume import finish_sweep, is_sweep
+    from attnlab.tensors import flush_denormals
 
+    flush_denormals()
     register_resolvers()
     args = sys.argv[1:]
     try:

@@ -10,7 +10,13 @@ from helpers import SHAPE, every_combination, make_parts, small_variant
 import attnlab.attention.core as core
 import attnlab.attention.distance as distance
 from attnlab.attention.core import Compute, attend
-from attnlab.attention.distance import Span, distance_attention, distance_span, toeplitz
+from attnlab.attention.distance import (
+    DistanceScores,
+    Span,
+    distance_attention,
+    distance_span,
+    toeplitz,
+)
 from attnlab.model.transformer import attention_mask
 
 DISTANCE_PES = ["t5", "alibi", "kerple"]
@@ -52,38 +58,62 @@ CASES = every_combination(
     ["bidirectional", "causal", "padded", "a row with no key", "one query", "a query block"],
     [None, 3],
     [False, True],
+    [None, 2],
 )
 
 
-@pytest.mark.parametrize("case,chunk,small_blocks", CASES)
+@pytest.mark.parametrize("case,chunk,small_blocks,far", CASES)
 def test_the_fused_path_is_the_textbook_formula_with_its_gradients(
-    case, chunk, small_blocks, monkeypatch
+    case, chunk, small_blocks, far, monkeypatch
 ):
+    """With `far`, u is a table's entry per distance clamped to [−far, far] (as T5's last
+    buckets), and its gradient is read per distance on a band below far only."""
     if small_blocks:  # u's gradient from scores recomputed a few rows at a time
         monkeypatch.setattr(distance, "SCORE_BLOCK", 10)
     g = torch.Generator().manual_seed(0)
-    b, h, lk, d = 3, 2, 9, 4
-    lq = {"one query": 1, "a query block": 4}.get(case, lk)
+    b, h, lk, d = 3, 2, 13, 4
+    lq = {"one query": 1, "a query block": 5}.get(case, lk)
     make = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_()  # noqa: E731
     q, k, v = make(b, h, lq, d), make(b, h, lk, d), make(b, h, lk, d)
     span = Span(lk - lq, lq, 0, lk)  # the last queries, as in cached decoding
-    u = make(h, lq + lk - 1)
+    if far is None:
+        table = u = make(h, lq + lk - 1)
+    else:
+        table = make(h, 2 * far + 1)
+        u = table[:, span.distances(torch.device("cpu")).clamp(-far, far) + far]
     mask = None
     if case in ("padded", "a row with no key"):
         mask = torch.ones(b, 1, 1, lk, dtype=torch.bool)
         mask[1, ..., -3:] = False
+        mask[0, ..., :2] = False
         if case == "a row with no key":
             mask[2] = False
     causal = case == "causal"
-    out = distance_attention(q, k, v, u, span, mask, causal, 0.4, chunk)
+    out = distance_attention(q, k, v, DistanceScores(u, span, far), mask, causal, 0.4, chunk)
     expected = textbook(q, k, v, u, span, mask, causal, 0.4)
     torch.testing.assert_close(out, expected)
     grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
-    got = torch.autograd.grad(out, (q, k, v, u), grad)
-    for ours, theirs in zip(got, torch.autograd.grad(expected, (q, k, v, u), grad), strict=True):
+    got = torch.autograd.grad(out, (q, k, v, table), grad, retain_graph=True)
+    for ours, theirs in zip(
+        got, torch.autograd.grad(expected, (q, k, v, table), grad), strict=True
+    ):
         torch.testing.assert_close(ours, theirs)
     if case == "a row with no key":
         assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+def test_the_band_is_used_where_it_pays(monkeypatch):
+    """Self-attention longer than 4·far reads u's gradient on the band and the far sides."""
+    calls = []
+    far_gradients = distance._far_gradients
+    monkeypatch.setattr(distance, "_far_gradients", lambda *a: calls.append(1) or far_gradients(*a))
+    q, k, v = (torch.randn(1, 2, 12, 4, requires_grad=True) for _ in range(3))
+    u = torch.randn(2, 23, requires_grad=True)
+    for length, far in ((12, 2), (12, 3)):
+        out = distance_attention(q, k, v, DistanceScores(u, Span(0, length, 0, length), far),
+                                 None, False, 0.5, None)  # fmt: skip
+        out.sum().backward()
+    assert calls == [1], "12 keys: the band for far = 2, not for far = 3"
 
 
 def test_a_causal_term_is_never_read_past_the_diagonal():
@@ -92,10 +122,11 @@ def test_a_causal_term_is_never_read_past_the_diagonal():
     q, k, v = (torch.randn(2, 2, 6, 4, dtype=torch.float64) for _ in range(3))
     span = Span(0, 6, 0, 6)
     u = torch.randn(2, 11, dtype=torch.float64, requires_grad=True)
-    out = distance_attention(q, k, v, u, span, None, True, 0.5, 2)
+    out = distance_attention(q, k, v, DistanceScores(u, span), None, True, 0.5, 2)
     changed = u.detach().clone()
     changed[:, span.offset(0) + 1 :] = 1e6
-    torch.testing.assert_close(distance_attention(q, k, v, changed, span, None, True, 0.5, 2), out)
+    again = distance_attention(q, k, v, DistanceScores(changed, span), None, True, 0.5, 2)
+    torch.testing.assert_close(again, out)
     (grad,) = torch.autograd.grad(out.square().sum(), u)
     assert torch.equal(grad[:, span.offset(0) + 1 :], torch.zeros(2, 5, dtype=torch.float64))
 

@@ -153,3 +153,19 @@ def test_table_init_has_std_d_model_to_the_minus_half():
 def test_bad_options_are_refused(overrides, causal, message):
     with pytest.raises(ConfigError, match=message):
         make_parts(variant("pe", "t5", *overrides), shape=replace(SHAPE, causal=causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (8, 20), (64, 1000)])
+def test_far_is_where_every_longer_distance_shares_the_last_bucket(
+    causal, num_buckets, max_distance
+):
+    shape = replace(SHAPE, causal=causal)
+    overrides = (f"num_buckets={num_buckets}", f"max_distance={max_distance}")
+    pe = make_parts(variant("pe", "t5", *overrides), shape=shape).pe
+    distances = torch.arange(4 * max_distance)
+    past, future = pe.bucket(-distances), pe.bucket(distances)
+    far = pe.far
+    assert (past[far:] == past[-1]).all() and past[far - 1] != past[-1]
+    if not causal:
+        assert (future[far:] == future[-1]).all() and future[far - 1] != future[-1]

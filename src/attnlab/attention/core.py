@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from attnlab.attention.distance import Span, distance_attention
+from attnlab.attention.distance import DistanceScores, distance_attention
 from attnlab.attention.flex import BlockMasks, flex_attend
 from attnlab.norm.base import Normalizer
 from attnlab.pe.base import PositionalEncoding
@@ -157,9 +157,9 @@ def attend(
         return flex_path(parts, layer, q, k, v, q_pos, k_pos, mask)
     if distance is not None:
         assert q is not None and k is not None
-        term, span = distance
+        scores = distance._replace(term=distance.term.to(q.dtype))
         scale = parts.pe.scale(q.shape[-1])
-        return distance_attention(q, k, v, term.to(q.dtype), span, mask, is_causal, scale, chunk)
+        return distance_attention(q, k, v, scores, mask, is_causal, scale, chunk)
     synthesis = parts.synthesizer(x, q_pos, k_pos, layer)
     extra = _add(synthesis.logits, parts.pe.score_bias(q, k, q_pos, k_pos, layer))
     if synthesis.dot is not None and compute.fast and parts.fast():
@@ -180,7 +180,7 @@ def attend(
 
 def _distance_scores(
     parts: AttentionParts, compute: Compute, v: Tensor, q_pos: Tensor, k_pos: Tensor
-) -> tuple[Tensor, Span] | None:
+) -> DistanceScores | None:
     """The PE's term per distance for the fused CPU path (`attention/distance.py`), or None
     where that path does not apply: not softmax of a plain dot product, not on the CPU, with
     attention dropout, or not a term of j − i over consecutive positions."""

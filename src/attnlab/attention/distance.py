@@ -28,7 +28,7 @@ Exact: the same arithmetic as the plain path, in another order (tested in float6
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -132,6 +132,7 @@ class Layout:
     mask: Tensor | None
     causal: bool
     chunk: int | None
+    far: int | None = None  # u is one value at every d ≥ far and one at every d ≤ −far
 
 
 class _Blocks:
@@ -144,6 +145,18 @@ class _Blocks:
         mask = layout.mask
         self.mask = None if mask is None or self.causal else mask.flip(-1)
         self.lk = k.shape[2]
+        self.far = layout.far if self.band_pays(layout.far) else None
+
+    def band_pays(self, far: int | None) -> bool:
+        """Whether u's gradient is read per distance below `far` only (`_far_gradients`):
+        keys beyond 4·far, a mask of keys alone, every query with its far keys after the
+        keys at distance below far (self-attention), both far sides within the span."""
+        if far is None or self.lk <= 4 * far or (self.mask is not None and self.mask.shape[-2] > 1):
+            return False
+        span = self.span
+        d_max = span.d_min + span.lq + span.lk - 2
+        after = span.lk - span.lq - far - (span.q0 - span.k0) <= 0
+        return after and span.d_min <= -far and (self.causal or d_max >= far)
 
     def kernel_blocks(self, n: int) -> list[slice]:
         """The kernel's query blocks: all queries at once (it keeps no [Lq, Lk] matrix), or in
@@ -162,14 +175,24 @@ class _Blocks:
         """Where in w the block's Hankel term starts."""
         return self.w.shape[-1] - self.span.offset(rows.start) - n_keys
 
-    def term(self, rows: slice, n_keys: int) -> Tensor:
-        """[1 or B, H, rows, n_keys], keys reversed: a view of w, or with −inf where the mask
-        is False (a copy)."""
-        term = hankel(self.w, self.start(rows, n_keys), rows.stop - rows.start, n_keys)[None]
+    def term(self, rows: slice, n_keys: int, keys: slice | None = None) -> Tensor:
+        """[1 or B, H, rows, keys] over the first n_keys keys reversed (`keys` of them, all by
+        default): a view of w, or with −inf where the mask is False (a copy)."""
+        keys = keys or slice(0, n_keys)
+        start = self.start(rows, n_keys) + keys.start
+        term = hankel(self.w, start, rows.stop - rows.start, keys.stop - keys.start)[None]
         if self.mask is None:
             return term
         mask = self.mask if self.mask.shape[-2] == 1 else self.mask[..., rows, :]
-        return torch.where(mask, term, float("-inf"))
+        return torch.where(mask[..., self.lk - n_keys :][..., keys], term, float("-inf"))
+
+    def band(self, rows: slice, n_keys: int, far: int) -> slice:
+        """The keys (of the first n_keys, reversed) at distances below `far` from a query of
+        `rows`: the only ones whose gradient is read per distance."""
+        shift = self.span.q0 - self.span.k0  # original key j is at distance j − shift − i
+        first = max(0, rows.start + shift - far + 1)
+        last = min(n_keys - 1, rows.stop - 1 + shift + far - 1)
+        return slice(n_keys - 1 - last, n_keys - first)
 
 
 class _DistanceAttention(Function):
@@ -214,6 +237,8 @@ class _DistanceAttention(Function):
                 dv[:, :, blocks.lk - n_keys :] += dv_b
             if dw is not None:
                 _add_term_gradient(dw, blocks, rows, q, grad_out, out, lse, scale)
+        if dw is not None and blocks.far is not None:
+            _far_gradients(dw, blocks, q, grad_out, out, lse, scale)
         assert dk is not None and dv is not None
         return dq, dk.flip(2), dv.flip(2), dw, None, None
 
@@ -231,13 +256,66 @@ def _add_term_gradient(
     k, v = blocks.reversed_kv(n_keys)
     k_t, v_t = _with(k, 1.0).transpose(-2, -1), _with(v, 1.0).transpose(-2, -1)
     row_terms = (grad_out * out).sum(-1)
-    for part in _blocks(rows, max(1, SCORE_BLOCK // (q.shape[0] * q.shape[1] * n_keys))):
-        p = torch.matmul(_with(q[:, :, part] * scale, -lse[:, :, part]), k_t)
-        p = p.add_(blocks.term(part, n_keys)).exp_()
-        dp = torch.matmul(_with(grad_out[:, :, part], -row_terms[:, :, part]), v_t)
+    at_once = SCORE_BLOCK // (q.shape[0] * q.shape[1] * n_keys)
+    if blocks.far is not None:  # 2·far rows at a time: a window of 4·far keys
+        at_once = min(2 * blocks.far, SCORE_BLOCK // (q.shape[0] * q.shape[1] * 4 * blocks.far))
+    for part in _blocks(rows, max(1, at_once)):
+        keys = slice(0, n_keys) if blocks.far is None else blocks.band(part, n_keys, blocks.far)
+        p = torch.matmul(_with(q[:, :, part] * scale, -lse[:, :, part]), k_t[..., keys])
+        p = p.add_(blocks.term(part, n_keys, keys)).exp_()
+        dp = torch.matmul(_with(grad_out[:, :, part], -row_terms[:, :, part]), v_t[..., keys])
         sums = antidiagonal_sums(p.mul_(dp).sum(0))
-        start = blocks.start(part, n_keys)
+        start = blocks.start(part, n_keys) + keys.start
         dw[:, start : start + sums.shape[1]] += sums
+
+
+def _far_gradients(
+    dw: Tensor, blocks: _Blocks, q: Tensor, grad_out: Tensor, out: Tensor, lse: Tensor,
+    scale: float,
+) -> None:  # fmt: skip
+    """Replace dw's sums at distances of at least `far` (read on the band's edges only) by
+    the whole gradient of each far side, lumped at distances far and −far (u is one value on
+    each side, so what it comes from gets the same gradient). Each row of dS sums to zero
+    (Σ_j P_ij dP_ij = dO_i·O_i), so the two sides together are minus the sum below far; the
+    side after the query (none in a causal stack) is Σ_i m_i (dO_i·Ō_i − dO_i·O_i), from one
+    causal pass of the kernel over queries and keys reversed, where m_i is the weight of the
+    far keys after query i and Ō_i their weighted mean of v."""
+    far, span = blocks.far, blocks.span
+    r = dw.shape[-1]
+    distance = span.d_min + r - 1 - torch.arange(r, device=dw.device)  # of each entry of w
+    dw[:, distance.abs() >= far] = 0.0
+    below = dw.sum(-1)
+    after = torch.zeros_like(below)
+    if not blocks.causal:
+        after = _far_after(blocks, q, grad_out, out, lse, scale, r - 1 - (far - span.d_min))
+    dw[:, r - 1 - (far - span.d_min)] = after
+    dw[:, r - 1 - (-far - span.d_min)] = -below - after
+
+
+def _far_after(
+    blocks: _Blocks, q: Tensor, grad_out: Tensor, out: Tensor, lse: Tensor, scale: float,
+    index: int,
+) -> Tensor:  # fmt: skip
+    """[H] Σ_b Σ_i Σ_{d_ij ≥ far} dS_ij. Reversed, query i' sees the far keys j' ≤ i' + t,
+    t = Lk − Lq − far − (q0 − k0) ≤ 0: the kernel's causal mask over queries from −t on."""
+    span, far = blocks.span, blocks.far
+    t = span.lk - span.lq - far - (span.q0 - span.k0)
+    mask = None
+    if blocks.mask is not None:  # keys alone: [B, 1, 1, Lk] reversed
+        mask = torch.zeros(blocks.mask.shape, dtype=q.dtype, device=q.device)
+        mask = mask.masked_fill(~blocks.mask, float("-inf"))
+    o_far, lse_far = _flash(
+        q.flip(2)[:, :, -t:], blocks.k, blocks.v, is_causal=True, attn_mask=mask, scale=scale
+    )
+    n = o_far.shape[2]  # row r of the pass is query i = n − 1 − r: queries 0 … n − 1
+    rows = slice(0, n)
+    seen = torch.ones(n, dtype=torch.bool, device=q.device)
+    if blocks.mask is not None:  # a row whose far keys are all padding gets lse 0, not −inf
+        seen = blocks.mask[:, :, 0].cumsum(-1)[..., :n] > 0  # [B, 1, n]
+    weight = (lse_far.flip(2) + blocks.w[:, index, None] - lse[:, :, rows]).exp()
+    weight = weight * seen.flip(-1)
+    g, o = grad_out[:, :, rows], out[:, :, rows]
+    return (weight * ((g * o_far.flip(2)).sum(-1) - (g * o).sum(-1))).sum((0, 2))
 
 
 def _with(x: Tensor, column: Tensor | float) -> Tensor:
@@ -248,24 +326,34 @@ def _with(x: Tensor, column: Tensor | float) -> Tensor:
     return torch.cat((x, extra.to(x.dtype)), -1)
 
 
+class DistanceScores(NamedTuple):
+    """A score term of j − i alone: u [H, R] over the distances of `span`; `far`, where given:
+    u is one value at every distance ≥ far and one at every distance ≤ −far (T5's last
+    buckets), and what it comes from gets one gradient for each."""
+
+    term: Tensor
+    span: Span
+    far: int | None = None
+
+
 def distance_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    u: Tensor,
-    span: Span,
+    scores: DistanceScores,
     mask: Tensor | None,
     causal: bool,
     scale: float,
     chunk: int | None,
 ) -> Tensor:
     """softmax(scale·q·kᵀ + T(u), masked) v by the fused CPU kernel, [B, H, Lq, d_v]: q, k, v
-    [B, H, L, d]; u [H, R] over `span`'s distances; mask boolean, broadcastable to
+    [B, H, L, d]; `scores` the term over the distances of its span; mask boolean, broadcastable to
     [B, H, Lq, Lk]; `causal`: the mask is exactly causal, and is then carried by u itself
     (−inf at distances above 0) with each block's keys past its last query skipped; at most
     `chunk` queries a block. The keys are reversed inside, so that each block's term is a
     Hankel view of u reversed: no [Lq, Lk] tensor is copied unless a mask must be applied."""
+    u, span, far = scores
     if causal:
         u = u.masked_fill(span.distances(u.device) > 0, float("-inf"))
     w = u.flip(-1).contiguous()
-    return _DistanceAttention.apply(q, k, v, w, Layout(span, mask, causal, chunk), scale)
+    return _DistanceAttention.apply(q, k, v, w, Layout(span, mask, causal, chunk, far), scale)

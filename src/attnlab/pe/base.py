@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.distance import Span, distance_span, toeplitz
+from attnlab.attention.distance import DistanceScores, distance_span, toeplitz
 from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 from attnlab.tensors import float64_home
@@ -99,9 +99,9 @@ class PositionalEncoding(nn.Module):
         """`score_bias` as a FlexAttention score_mod, for variants that set `flex`."""
         raise NotImplementedError(f"{type(self).__name__} gives no score_mod")
 
-    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Span] | None:
-        """`score_bias`'s whole term as a vector [H, R] over the distances of a `Span`, where
-        it is a term of j − i alone over consecutive positions (`DistanceTerm`); None here."""
+    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> DistanceScores | None:
+        """`score_bias`'s whole term as a vector [H, R] over the distances of a span, where it
+        is a term of j − i alone over consecutive positions (`DistanceTerm`); None here."""
         return None
 
     def reweight(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
@@ -146,9 +146,13 @@ class DistanceTerm(PositionalEncoding):
         """[H, R] b_h(d) of each distance d in `distances` [R] (integers, key minus query)."""
         raise NotImplementedError
 
-    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Span] | None:
+    far: int | None = None  # b_h is one value at every d ≥ far and one at every d ≤ −far
+
+    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> DistanceScores | None:
         span = distance_span(q_pos, k_pos)
-        return None if span is None else (self.distance_term(span.distances(q_pos.device)), span)
+        if span is None:
+            return None
+        return DistanceScores(self.distance_term(span.distances(q_pos.device)), span, self.far)
 
     def score_bias(
         self, q: Tensor | None, k: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int
@@ -158,7 +162,7 @@ class DistanceTerm(PositionalEncoding):
         if scores is None:  # not consecutive (randomized positions): one value per (i, j)
             rel = relative_positions(q_pos, k_pos)
             return self.distance_term(rel.flatten()).view(-1, *rel.shape)[None]
-        term, span = scores
+        term, span, _ = scores
         return toeplitz(term, span.offset(0), span.lq, span.lk)[None]
 
     def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:

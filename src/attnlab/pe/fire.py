@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.distance import Span, distance_span, toeplitz
+from attnlab.attention.distance import DistanceScores, distance_span, toeplitz
 from attnlab.pe.base import PositionalEncoding, relative_positions
 from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
@@ -110,13 +110,13 @@ class FIRE(PositionalEncoding):
         """[1, H, Lq, Lk], the same for every layer."""
         scores = self.distance_scores(q_pos, k_pos)
         if scores is not None:
-            term, span = scores
+            term, span, _ = scores
             return toeplitz(term, span.offset(0), span.lq, span.lk)[None]
         with torch.autocast(q_pos.device.type, enabled=False):
             bias = self.mlp(self.mlp_inputs(q_pos, k_pos)[..., None])
         return bias.permute(2, 0, 1)[None]
 
-    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Span] | None:
+    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> DistanceScores | None:
         """f_θ over the distances alone where every query has the same divisor: always in a
         bidirectional stack (reach_i is the last position), and in a causal one while every
         query is below the threshold L; over consecutive positions."""
@@ -130,4 +130,4 @@ class FIRE(PositionalEncoding):
         rel = -span.distances(q_pos.device).to(self.c.dtype)  # i − j
         with torch.autocast(q_pos.device.type, enabled=False):
             term = self.mlp((rel.sign() * psi(rel.abs(), self.c) / divisor[0])[:, None])
-        return term.T, span
+        return DistanceScores(term.T, span)

@@ -64,7 +64,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.attention.distance import Span
+from attnlab.attention.distance import DistanceScores
 from attnlab.pe.base import PositionalEncoding, ScoreMod
 from attnlab.pe.xl import TransformerXLPE
 from attnlab.settings import ConfigError, build, is_count
@@ -162,7 +162,7 @@ class RandomizedPE(PositionalEncoding):
     def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:
         return self.base.score_mod(q, self.at(q_pos), self.at(k_pos), layer)
 
-    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Span] | None:
+    def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> DistanceScores | None:
         return self.base.distance_scores(self.at(q_pos), self.at(k_pos))
 
     def reweight(self, weights: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:

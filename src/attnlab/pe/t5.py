@@ -50,6 +50,12 @@ def relative_position_bucket(
     return offset + torch.where(n < max_exact, n, large.clamp_max(num_buckets - 1))
 
 
+def last_bucket_start(buckets: Tensor) -> int:
+    """The first distance n whose bucket (of buckets [n] over n = 0, 1, …, non-decreasing) is
+    the last: every distance from there on shares it, on each side."""
+    return int((buckets < buckets[-1]).sum())
+
+
 class T5PE(DistanceTerm):
     def __init__(self, shape: StackShape, num_buckets: int, max_distance: int) -> None:
         super().__init__(shape)
@@ -73,6 +79,7 @@ class T5PE(DistanceTerm):
         self.bidirectional = bidirectional
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Parameter(torch.randn(num_buckets, shape.n_heads) * shape.d_model**-0.5)
+        self.far = last_bucket_start(self.bucket(-torch.arange(max_distance + 1, device="cpu")))
 
     def distance_term(self, distances: Tensor) -> Tensor:
         """[H, R] b_h[bucket(d)]."""

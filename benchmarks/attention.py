@@ -66,15 +66,26 @@ def peak_tensor_bytes(step) -> int:
     return peak
 
 
+def attention_at(
+    choice: dict[str, str], length: int, pe_overrides: tuple[str, ...] = ()
+) -> AttentionConfig:
+    """The attention of `choice` for sequences of `length`: every length bound set to it, and
+    pe=randomized drawing from max(pe.max_position, 2·length) positions."""
+    nodes = {
+        g: shrink(variant(g, o, *(pe_overrides if g == "pe" else ())), max_len=length)
+        for g, o in choice.items()
+    }
+    if "max_position" in nodes["pe"]:
+        nodes["pe"]["max_position"] = max(nodes["pe"]["max_position"], 2 * length)
+    return AttentionConfig(nodes["pe"], nodes["norm"], nodes["synthesizer"])
+
+
 def measure(
     choice: dict[str, str], causal: bool, length: int, repeats: int, cfg: ModelConfig
 ) -> tuple[float, float]:
     """(seconds per forward+backward, peak memory in MiB) of one configuration."""
     torch.manual_seed(0)
-    nodes = {g: shrink(variant(g, o), max_len=length) for g, o in choice.items()}
-    if "max_position" in nodes["pe"]:  # pe=randomized
-        nodes["pe"]["max_position"] = max(nodes["pe"]["max_position"], 2 * length)
-    attention = AttentionConfig(nodes["pe"], nodes["norm"], nodes["synthesizer"])
+    attention = attention_at(choice, length)
     model = Tagger(cfg, attention, VOCAB, VOCAB, causal=causal)
     tokens = torch.randint(1, VOCAB, (BATCH, length))
 

@@ -43,16 +43,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).parent))
 from attention import BASELINE as BASE_CHOICE
-from attention import BASELINE_LABEL, baseline_of, in_causal_stack, variants
+from attention import BASELINE_LABEL, attention_at, baseline_of, in_causal_stack, variants
 from benchmarks_common import documented, report
 from translation import BASELINE, TorchTransformer
 
 from attnlab.attention.core import AttentionParts, Compute, attend, flex_path
 from attnlab.decoding import beam_search, greedy
-from attnlab.model.architecture import AttentionConfig, ModelConfig
+from attnlab.model.architecture import ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger, attention_mask
-from attnlab.options import shrink, variant
+from attnlab.options import variant
 from attnlab.shape import StackShape
 
 
@@ -222,11 +222,10 @@ def variant_rows(
 def measure_variant(
     choice, causal: bool, flex: bool, length: int, scale: Scale, device, repeats: int
 ):
-    nodes = {g: shrink(variant(g, o, *FLEX_PES.get(o, ()) if g == "pe" else ()), length)
-             for g, o in choice.items()}  # fmt: skip
+    overrides = FLEX_PES.get(choice["pe"], ()) if flex else ()
+    attention = attention_at(choice, length, overrides)
     torch.manual_seed(0)
     cfg = replace(scale.model, n_layers=2, dropout=0.0, flex_attention=flex, attention_chunk=None)
-    attention = AttentionConfig(nodes["pe"], nodes["norm"], nodes["synthesizer"])
     try:
         model = Tagger(cfg, attention, scale.vocab, scale.vocab, causal=causal)
         model = model.to(device)

@@ -18,18 +18,28 @@ reach SDPA only through zero q and k with its logits as the mask; on CPU that is
 slower than the plain path, with no memory saved (measured at L = 512 and 1024), so it
 takes the plain path.
 
+A PE score term of j − i alone over consecutive positions (t5, alibi, kerple; fire where
+every query has one divisor; `PositionalEncoding.distance_scores`) is computed once per
+distance, 2L − 1 values a head, not per (i, j). On the CPU, softmax of a plain dot product
+with such a term takes PyTorch's fused CPU kernel with the term as its mask
+(`attention/distance.py`: a Hankel view over keys in reverse order, no [Lq, Lk] copy; the
+term's gradient from the saved log-sum-exp, summed along diagonals), without dropout only.
+Elsewhere the term is expanded (one copy) and its gradient summed along diagonals, not
+scattered into a table per (i, j).
+
 On CUDA and when asked (`flex`, model.flex_attention=true), softmax with a PE score term
 that FlexAttention can read per (i, j) (t5, alibi, kerple, shaw's key term; `pe.flex`) takes
 FlexAttention instead (`attention/flex.py`): the term and the mask stay inside the kernel,
 with no [Lq, Lk] tensor; without attention dropout only, and not for single-query decoding
 steps. Its forward pass is tested against the plain path.
 
-Long sequences in training can attend in blocks of queries (`chunk`), each block recomputed
-in the backward pass (Rabe & Staats 2021, "Self-attention does not need O(n²) memory",
-arXiv 2112.05682): every term above is row-local given absolute positions, so blocks need no
-special case, and no [Lq, Lk] matrix of the whole sequence is kept for the backward pass.
-Blocks are skipped where a fused kernel already keeps none (SDPA with softmax, a plain dot
-product and no PE score term; FlexAttention).
+Long sequences attend in blocks of queries (`chunk`), in training each block recomputed in
+the backward pass (Rabe & Staats 2021, "Self-attention does not need O(n²) memory",
+arXiv 2112.05682), in evaluation one after another: every term above is row-local given
+absolute positions, so blocks need no special case, and no [Lq, Lk] matrix of the whole
+sequence is formed. Blocks are skipped where a fused kernel already keeps none (SDPA with
+softmax, a plain dot product and no PE score term; the CPU kernel of a distance term, which
+blocks itself; FlexAttention).
 """
 
 from __future__ import annotations
@@ -55,7 +65,7 @@ from attnlab.tensors import linear, merge_heads, split_heads
 class Compute:
     """How attention is computed, never what: dropout on the weights, whether the fused SDPA
     path and (on CUDA) FlexAttention may be used, and the query block size for long
-    sequences in training."""
+    sequences."""
 
     dropout: float = 0.0
     fast: bool = True
@@ -133,8 +143,8 @@ def attend(
     [B, H, L, d_h] (None where nothing needs them); v [B, H, Lk, d_v]; mask boolean,
     broadcastable to [B, H, Lq, Lk], True where a query may attend; `is_causal` says that
     it is exactly the causal mask of Lq = Lk positions (see `exactly_causal`). With
-    `compute.chunk`, training attends in recomputed blocks of that many queries (see the
-    module docstring).
+    `compute.chunk`, attention runs in blocks of that many queries, recomputed in training
+    (see the module docstring).
     """
     n, chunk = q_pos.shape[0], compute.chunk
     flex = compute.flex and v.is_cuda and n > 1 and not compute.dropout and parts.flex()

@@ -62,7 +62,7 @@ class ModelConfig:
     cross_attention: Mapping[str, Any] = field(default_factory=lambda: dict(CROSS_ATTENTION))
     fast_attention: bool = True  # use F.scaled_dot_product_attention where it applies
     flex_attention: bool = False  # on CUDA, FlexAttention for softmax with t5/alibi/shaw terms
-    attention_chunk: int | None = 512  # training attends in recomputed blocks of this many queries
+    attention_chunk: int | None = 512  # queries attended at once (recomputed in training)
     layer_norm_eps: float = 1e-5
     compile: bool = False  # torch.compile the network's forward (training and validation loss)
 

@@ -22,7 +22,10 @@ to choose how to compute; a test checks each declaration against what the hooks 
 variant defined for causal self-attention only says why in `causal_only`, and building it
 for a bidirectional stack or cross-attention is refused with that reason.
 A variant whose score term FlexAttention can compute from positions and small tables
-(t5, alibi, shaw's key term) sets `flex` and gives that term as a `score_mod` too.
+(t5, alibi, kerple, shaw's key term) sets `flex` and gives that term as a `score_mod` too.
+A term of the distance j − i alone subclasses `DistanceTerm` and gives `distance_term`, its
+values over a vector of distances: `score_bias`, `score_mod` and `distance_scores` (the
+per-distance form the attention core's CPU kernel path takes) follow from it.
 """
 
 from __future__ import annotations

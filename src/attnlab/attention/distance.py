@@ -14,15 +14,18 @@ but in reverse), so that a diagonal becomes a column. This replaces the [Lq, Lk]
 table, whose backward adds Lq·Lk gradients into a few rows (on a GPU, atomic adds that
 contend).
 
-On the CPU, softmax attention with such a term runs through `distance_attention`: the term is
-expanded one block of queries at a time and handed, with the mask, to PyTorch's fused CPU
-attention kernel as a float mask (its forward and backward keep no [Lq, Lk] matrix). That
-kernel gives no gradient for its mask, so when u needs one, the backward pass recomputes each
-block's scores and takes the softmax gradient from the saved log-sum-exp:
+On the CPU, softmax attention with such a term runs through `distance_attention`: with the
+keys in reverse order the term is a Hankel matrix, a strided view of u reversed, which
+PyTorch's fused CPU attention kernel takes as its float mask with no [Lq, Lk] copy (its
+forward and backward keep no [Lq, Lk] matrix; a padding mask costs one copy). That kernel
+gives no gradient for its mask, so when u needs one, the backward pass recomputes the scores
+in blocks and takes the softmax gradient from the saved log-sum-exp:
 
     P = exp(S − lse),   dS = P ∘ (dO·vᵀ − rowsum(dO ∘ O)),   du_h[r] = Σ_b Σ_{diagonal r} dS
 
-Exact: the same arithmetic as the plain path, in another order (tested in float64).
+A term constant past ±far (T5's last buckets) is read per distance on the band below far
+only (`_far_gradients`). Exact: the same arithmetic as the plain path, in another order
+(tested in float64).
 """
 
 from __future__ import annotations
@@ -156,7 +159,7 @@ class _Blocks:
         span = self.span
         d_max = span.d_min + span.lq + span.lk - 2
         after = span.lk - span.lq - far - (span.q0 - span.k0) <= 0
-        return after and span.d_min <= -far and (self.causal or d_max >= far)
+        return after and span.d_min <= -far and d_max >= far
 
     def kernel_blocks(self, n: int) -> list[slice]:
         """The kernel's query blocks: all queries at once (it keeps no [Lq, Lk] matrix), or in
@@ -334,6 +337,10 @@ class DistanceScores(NamedTuple):
     term: Tensor
     span: Span
     far: int | None = None
+
+    def expanded(self) -> Tensor:
+        """The [H, Lq, Lk] term, differentiable in u (`toeplitz`)."""
+        return toeplitz(self.term, self.span.offset(0), self.span.lq, self.span.lk)
 
 
 def distance_attention(

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.distance import DistanceScores, distance_span, toeplitz
+from attnlab.attention.distance import DistanceScores, distance_span
 from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 from attnlab.tensors import float64_home
@@ -140,16 +140,15 @@ class DistanceTerm(PositionalEncoding):
     `distance_term`, b over a vector of distances, and gets `score_bias` and `score_mod`.
     Over consecutive positions the term is computed once per distance and expanded
     (`attnlab.attention.distance`); on the CPU, softmax attention then takes the fused kernel
-    with the term as its mask, a block of queries at a time."""
+    with the term as its mask."""
 
     adds_score_terms = True
     flex = True
+    far: int | None = None  # b_h is one value at every d ≥ far and one at every d ≤ −far
 
     def distance_term(self, distances: Tensor) -> Tensor:
         """[H, R] b_h(d) of each distance d in `distances` [R] (integers, key minus query)."""
         raise NotImplementedError
-
-    far: int | None = None  # b_h is one value at every d ≥ far and one at every d ≤ −far
 
     def distance_scores(self, q_pos: Tensor, k_pos: Tensor) -> DistanceScores | None:
         span = distance_span(q_pos, k_pos)
@@ -165,8 +164,7 @@ class DistanceTerm(PositionalEncoding):
         if scores is None:  # not consecutive (randomized positions): one value per (i, j)
             rel = relative_positions(q_pos, k_pos)
             return self.distance_term(rel.flatten()).view(-1, *rel.shape)[None]
-        term, span, _ = scores
-        return toeplitz(term, span.offset(0), span.lq, span.lk)[None]
+        return scores.expanded()[None]
 
     def score_mod(self, q: Tensor | None, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod:
         """Reads b_h(j − i) from the vector over every distance between the positions."""

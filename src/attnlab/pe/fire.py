@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.distance import DistanceScores, distance_span, toeplitz
+from attnlab.attention.distance import DistanceScores, distance_span
 from attnlab.pe.base import PositionalEncoding, relative_positions
 from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
@@ -110,8 +110,7 @@ class FIRE(PositionalEncoding):
         """[1, H, Lq, Lk], the same for every layer."""
         scores = self.distance_scores(q_pos, k_pos)
         if scores is not None:
-            term, span, _ = scores
-            return toeplitz(term, span.offset(0), span.lq, span.lk)[None]
+            return scores.expanded()[None]
         with torch.autocast(q_pos.device.type, enabled=False):
             bias = self.mlp(self.mlp_inputs(q_pos, k_pos)[..., None])
         return bias.permute(2, 0, 1)[None]

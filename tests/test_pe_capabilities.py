@@ -77,6 +77,7 @@ def test_declared_capabilities_match_what_the_hooks_do(name):
     reweighted = not torch.equal(pe.reweight(weights, pos, pos, 1), weights)
     value_term = pe.value_term(weights, pos, pos, 1) is not None
     assert pe.post_normalization == (reweighted or value_term)
+    assert pe.reweights == reweighted
     assert pe.acts_in_attention == (pe.rotates or pe.adds_score_terms or pe.post_normalization)
 
 

@@ -347,7 +347,14 @@ def test_the_default_base_is_rope_and_the_documented_override_picks_another(tmp_
 def test_the_wrapper_declares_what_its_base_does(base):
     overrides = [f"max_len={L}"] if "max_len" in node("pe", base) else []
     pe = build_pe(base, *overrides)
-    names = ("embeds", "rotates", "adds_score_terms", "post_normalization", "needs_query")
+    names = (
+        "embeds",
+        "rotates",
+        "adds_score_terms",
+        "post_normalization",
+        "reweights",
+        "needs_query",
+    )
     for name in (*names, "needs_key", "flex"):
         assert getattr(pe, name) == getattr(pe.base, name), name
     assert pe.max_len == L

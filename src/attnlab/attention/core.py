@@ -25,7 +25,10 @@ with such a term takes PyTorch's fused CPU kernel with the term as its mask
 (`attention/distance.py`: a Hankel view over keys in reverse order, no [Lq, Lk] copy; the
 term's gradient from the saved log-sum-exp, summed along diagonals), without dropout only.
 Elsewhere the term is expanded (one copy) and its gradient summed along diagonals, not
-scattered into a table per (i, j).
+scattered into a table per (i, j). On the CPU, softmax of a plain dot product with any other
+PE score or value term (shaw, xl, deberta, cope; terms at randomized's drawn positions; not
+urpe's reweighting) takes the same kernel in blocks of queries, each block's term from the
+PE's hooks as its mask and its gradient from the saved log-sum-exp (`attention/term.py`).
 
 On CUDA and when asked (`flex`, model.flex_attention=true), softmax with a PE score term
 that FlexAttention can read per (i, j) (t5, alibi, kerple, shaw's key term; `pe.flex`) takes
@@ -38,8 +41,8 @@ the backward pass (Rabe & Staats 2021, "Self-attention does not need O(n²) memo
 arXiv 2112.05682), in evaluation one after another: every term above is row-local given
 absolute positions, so blocks need no special case, and no [Lq, Lk] matrix of the whole
 sequence is formed. Blocks are skipped where a fused kernel already keeps none (SDPA with
-softmax, a plain dot product and no PE score term; the CPU kernel of a distance term, which
-blocks itself; FlexAttention).
+softmax, a plain dot product and no PE score term; the CPU kernel paths, which block
+themselves; FlexAttention).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from torch.utils.checkpoint import checkpoint
 
 from attnlab.attention.distance import DistanceScores, distance_attention
 from attnlab.attention.flex import BlockMasks, flex_attend
+from attnlab.attention.term import term_attention
 from attnlab.norm.base import Normalizer
 from attnlab.pe.base import PositionalEncoding
 from attnlab.settings import build
@@ -149,7 +153,8 @@ def attend(
     n, chunk = q_pos.shape[0], compute.chunk
     flex = compute.flex and v.is_cuda and n > 1 and not compute.dropout and parts.flex()
     distance = _distance_scores(parts, compute, v, q_pos, k_pos)
-    fused = flex or distance is not None or (compute.fast and parts.fused())
+    term = distance is None and _term_path(parts, compute, v)
+    fused = flex or distance is not None or term or (compute.fast and parts.fused())
     if chunk is not None and n > chunk and not fused:
         whole = replace(compute, chunk=None)
         blocks = []
@@ -170,6 +175,9 @@ def attend(
         scores = distance._replace(term=distance.term.to(q.dtype))
         scale = parts.pe.scale(q.shape[-1])
         return distance_attention(q, k, v, scores, mask, is_causal, scale, chunk)
+    if term:
+        assert q is not None and k is not None
+        return term_attention(parts.pe, layer, q, k, v, q_pos, k_pos, mask, is_causal)
     synthesis = parts.synthesizer(x, q_pos, k_pos, layer)
     extra = _add(synthesis.logits, parts.pe.score_bias(q, k, q_pos, k_pos, layer))
     if synthesis.dot is not None and compute.fast and parts.fast():
@@ -188,16 +196,30 @@ def attend(
     return _add(torch.matmul(weights, v), parts.pe.value_term(weights, q_pos, k_pos, layer))
 
 
+def _cpu_kernel(parts: AttentionParts, compute: Compute, v: Tensor) -> bool:
+    """Whether the fused CPU kernel may compute softmax of a plain dot product here: on the
+    CPU, without attention dropout, and with weights that the PE does not reweight."""
+    applies = compute.fast and not compute.dropout and v.device.type == "cpu"
+    softmax = parts.norm.sdpa and parts.synthesizer.plain_dot and not parts.pe.reweights
+    return applies and softmax
+
+
 def _distance_scores(
     parts: AttentionParts, compute: Compute, v: Tensor, q_pos: Tensor, k_pos: Tensor
 ) -> DistanceScores | None:
     """The PE's term per distance for the fused CPU path (`attention/distance.py`), or None
-    where that path does not apply: not softmax of a plain dot product, not on the CPU, with
-    attention dropout, or not a term of j − i over consecutive positions."""
-    applies = compute.fast and not compute.dropout and v.device.type == "cpu"
-    if not (applies and parts.fast() and parts.synthesizer.plain_dot):
+    where that path does not apply: not the CPU kernel's case (`_cpu_kernel`), a value term,
+    or not a term of j − i over consecutive positions."""
+    if not (_cpu_kernel(parts, compute, v) and parts.fast()):
         return None
     return parts.pe.distance_scores(q_pos, k_pos)
+
+
+def _term_path(parts: AttentionParts, compute: Compute, v: Tensor) -> bool:
+    """Whether a PE's score or value term takes the CPU kernel in blocks (`attention/term.py`):
+    the CPU kernel's case, with a term that is not per distance."""
+    pe = parts.pe
+    return _cpu_kernel(parts, compute, v) and (pe.adds_score_terms or pe.post_normalization)
 
 
 def flex_path(

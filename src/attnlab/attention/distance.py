@@ -42,8 +42,8 @@ SCORE_BLOCK = 1 << 22
 64 to 1,024 query rows at L = 2,048 and 4,096 (batch 4, 4 heads) on a 2-core AVX-512 CPU,
 where larger blocks leave the caches."""
 
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+cpu_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
 def consecutive_start(pos: Tensor) -> int | None:
@@ -208,7 +208,7 @@ class _DistanceAttention(Function):
         for rows in blocks.kernel_blocks(q.shape[2]):
             n_keys = blocks.keys(rows)
             k_b, v_b = blocks.reversed_kv(n_keys)
-            out, lse = _flash(
+            out, lse = cpu_flash(
                 q[:, :, rows], k_b, v_b, attn_mask=blocks.term(rows, n_keys), scale=scale
             )
             outs.append(out)
@@ -229,7 +229,7 @@ class _DistanceAttention(Function):
         for rows in blocks.kernel_blocks(q.shape[2]):
             n_keys = blocks.keys(rows)
             k_b, v_b = blocks.reversed_kv(n_keys)
-            dq[:, :, rows], dk_b, dv_b = _flash_backward(
+            dq[:, :, rows], dk_b, dv_b = cpu_flash_backward(
                 grad_out[:, :, rows], q[:, :, rows], k_b, v_b, out[:, :, rows], lse[:, :, rows],
                 0.0, False, attn_mask=blocks.term(rows, n_keys), scale=scale,
             )  # fmt: skip
@@ -257,16 +257,16 @@ def _add_term_gradient(
     kernel gives a row that attends to nothing a finite lse, so its P is exp(−inf) = 0."""
     n_keys = blocks.keys(rows)
     k, v = blocks.reversed_kv(n_keys)
-    k_t, v_t = _with(k, 1.0).transpose(-2, -1), _with(v, 1.0).transpose(-2, -1)
+    k_t, v_t = with_column(k, 1.0).transpose(-2, -1), with_column(v, 1.0).transpose(-2, -1)
     row_terms = (grad_out * out).sum(-1)
     at_once = SCORE_BLOCK // (q.shape[0] * q.shape[1] * n_keys)
     if blocks.far is not None:  # 2·far rows at a time: a window of 4·far keys
         at_once = min(2 * blocks.far, SCORE_BLOCK // (q.shape[0] * q.shape[1] * 4 * blocks.far))
     for part in _blocks(rows, max(1, at_once)):
         keys = slice(0, n_keys) if blocks.far is None else blocks.band(part, n_keys, blocks.far)
-        p = torch.matmul(_with(q[:, :, part] * scale, -lse[:, :, part]), k_t[..., keys])
+        p = torch.matmul(with_column(q[:, :, part] * scale, -lse[:, :, part]), k_t[..., keys])
         p = p.add_(blocks.term(part, n_keys, keys)).exp_()
-        dp = torch.matmul(_with(grad_out[:, :, part], -row_terms[:, :, part]), v_t[..., keys])
+        dp = torch.matmul(with_column(grad_out[:, :, part], -row_terms[:, :, part]), v_t[..., keys])
         sums = antidiagonal_sums(p.mul_(dp).sum(0))
         start = blocks.start(part, n_keys) + keys.start
         dw[:, start : start + sums.shape[1]] += sums
@@ -307,7 +307,7 @@ def _far_after(
     if blocks.mask is not None:  # keys alone: [B, 1, 1, Lk] reversed
         mask = torch.zeros(blocks.mask.shape, dtype=q.dtype, device=q.device)
         mask = mask.masked_fill(~blocks.mask, float("-inf"))
-    o_far, lse_far = _flash(
+    o_far, lse_far = cpu_flash(
         q.flip(2)[:, :, -t:], blocks.k, blocks.v, is_causal=True, attn_mask=mask, scale=scale
     )
     n = o_far.shape[2]  # row r of the pass is query i = n − 1 − r: queries 0 … n − 1
@@ -321,7 +321,7 @@ def _far_after(
     return (weight * ((g * o_far.flip(2)).sum(-1) - (g * o).sum(-1))).sum((0, 2))
 
 
-def _with(x: Tensor, column: Tensor | float) -> Tensor:
+def with_column(x: Tensor, column: Tensor | float) -> Tensor:
     """x [..., L, d] with one more column [..., L, d + 1]: `column` [..., L] or a constant."""
     extra = (
         x.new_full((*x.shape[:-1], 1), column) if isinstance(column, float) else column[..., None]

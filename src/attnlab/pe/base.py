@@ -17,7 +17,7 @@ built from the absolute `q_pos` and `k_pos`, so the same code serves full sequen
 cached decoding (one query at position t) and cross-attention.
 
 What a variant does is declared in class attributes (`embeds`, `rotates`, `adds_score_terms`,
-`post_normalization`, `needs_query`, `needs_key`, `flex`), which the attention core reads
+`post_normalization`, `reweights`, `needs_query`, `needs_key`, `flex`), which the attention core reads
 to choose how to compute; a test checks each declaration against what the hooks do. A
 variant defined for causal self-attention only says why in `causal_only`, and building it
 for a bidirectional stack or cross-attention is refused with that reason.
@@ -51,6 +51,7 @@ class PositionalEncoding(nn.Module):
     rotates = False  # rotate changes q and k
     adds_score_terms = False  # score_bias returns a term (then no fused SDPA kernel holds it)
     post_normalization = False  # reweight or value_term acts: no SDPA path at all
+    reweights = False  # reweight acts: the weights themselves change, no kernel forms P·v
     needs_query = False  # score_bias reads q
     needs_key = False  # score_bias reads k
     flex = False  # score_mod gives score_bias's term to FlexAttention

@@ -115,6 +115,7 @@ class RandomizedPE(PositionalEncoding):
         self.embeds, self.rotates = self.base.embeds, self.base.rotates
         self.adds_score_terms = self.base.adds_score_terms
         self.post_normalization = self.base.post_normalization
+        self.reweights = self.base.reweights
         self.needs_query, self.needs_key = self.base.needs_query, self.base.needs_key
         self.flex = self.base.flex
         self.drawn: Tensor | None = None  # p_0 < … < p_{n−1} of the current pass, or None

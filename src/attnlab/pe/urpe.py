@@ -38,6 +38,7 @@ from attnlab.shape import StackShape
 
 class URPE(PositionalEncoding):
     post_normalization = True
+    reweights = True
 
     def __init__(self, shape: StackShape, base: Mapping[str, Any], max_len: int) -> None:
         super().__init__(shape)

@@ -16,13 +16,16 @@ free). Subnormal floats are flushed first, as every run does (`attnlab.tensors.f
 pe=randomized draws from max(pe.max_position, 2·L) positions, so that longer sequences still
 get drawn, not consecutive, positions. Writes BENCHMARKS.md at the documented settings (the
 defaults) only; `--rows` measures the baselines and the rows whose label contains one of its
-words, and prints them. `--smoke` runs every variant once at L = 16 with a tiny model,
+words, and prints them. `--term-path` measures each of those rows twice in one process, with
+the CPU term path (`attnlab/attention/term.py`) forced on at every length and forced off (the
+plain path), and prints their ratio: the term path's before -> after. `--smoke` runs every variant once at L = 16 with a tiny model,
 printing the table: the test that keeps this script working.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import replace
@@ -34,8 +37,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from benchmarks_common import documented, machine, report
+from benchmarks_common import NOT_WRITING, documented, machine, report
 
+import attnlab.attention.core as core
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import Tagger
@@ -162,16 +166,49 @@ in a causal stack, its ratios to the baseline in that stack. Memory: peak live t
 """
 
 
+def term_path_ab(rows: list[str], lengths: list[int], repeats: int, cfg: ModelConfig) -> None:
+    """Print each row's time and memory with the term path forced on and off, alternated in
+    one process, and their ratios (on / off)."""
+    decide = core._term_path
+    forced = {
+        "on": lambda parts, compute, v, n: decide(parts, compute, v, math.inf),
+        "off": lambda parts, compute, v, n: False,
+    }
+    for label, choice in variants():
+        if not any(word in label for word in rows):
+            continue
+        for length in lengths:
+            got = {}
+            for mode, rule in forced.items():
+                core._term_path = rule
+                got[mode] = measure(choice, in_causal_stack(label), length, repeats, cfg)
+            core._term_path = decide
+            (t_on, m_on), (t_off, m_off) = got["on"], got["off"]
+            print(
+                f"{label:24s} L={length:5d}  term path {t_on * 1000:8.1f} ms {m_on:7.1f} MiB  "
+                f"plain {t_off * 1000:8.1f} ms {m_off:7.1f} MiB  time {t_on / t_off:.2f}x  "
+                f"memory {m_on / m_off:.2f}x",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 1024, 4096])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rows", nargs="+", default=[], help="only the baselines and these rows")
     parser.add_argument("--smoke", action="store_true", help="L = 16, a tiny model, no writing")
+    parser.add_argument(
+        "--term-path", action="store_true", help="the rows with the term path on and off"
+    )
     args = parser.parse_args()
     flush_denormals()
     lengths, repeats = ([16], 1) if args.smoke else (args.lengths, args.repeats)
     cfg = SMOKE_MODEL if args.smoke else MODEL
+    if args.term_path:
+        term_path_ab(args.rows or ["pe="], lengths, repeats, cfg)
+        print(NOT_WRITING)  # a comparison, printed only
+        return
     measure(BASELINE, False, max(lengths), 1, cfg)  # warm up threads and the allocator, discarded
     results: dict[str, dict[int, tuple[float, float]]] = {}
     for label, choice in variants():

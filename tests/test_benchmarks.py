@@ -63,6 +63,13 @@ def test_the_attention_benchmark_runs_in_smoke_mode(tmp_path):
     assert "baseline (none, softmax, dot) (causal)" in labels  # what the causal rows divide by
 
 
+def test_the_attention_benchmark_compares_the_term_path_with_the_plain_one(tmp_path):
+    result = run_smoke("attention.py", "--smoke", "--term-path", "--rows", "xl", tmp_path=tmp_path)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("pe=")]
+    assert len(lines) == 1 and lines[0].startswith("pe=xl ")
+    assert "term path" in lines[0] and "plain" in lines[0] and "time" in lines[0]
+
+
 @pytest.mark.slow
 def test_the_attention_benchmark_at_other_sizes_leaves_benchmarks_md_alone(tmp_path):
     run_smoke("attention.py", "--lengths", "16", "--repeats", "1", tmp_path=tmp_path)

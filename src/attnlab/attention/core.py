@@ -153,7 +153,7 @@ def attend(
     n, chunk = q_pos.shape[0], compute.chunk
     flex = compute.flex and v.is_cuda and n > 1 and not compute.dropout and parts.flex()
     distance = _distance_scores(parts, compute, v, q_pos, k_pos)
-    term = distance is None and _term_path(parts, compute, v)
+    term = distance is None and _term_path(parts, compute, v, n)
     fused = flex or distance is not None or term or (compute.fast and parts.fused())
     if chunk is not None and n > chunk and not fused:
         whole = replace(compute, chunk=None)
@@ -215,11 +215,17 @@ def _distance_scores(
     return parts.pe.distance_scores(q_pos, k_pos)
 
 
-def _term_path(parts: AttentionParts, compute: Compute, v: Tensor) -> bool:
+def _term_path(parts: AttentionParts, compute: Compute, v: Tensor, n: int) -> bool:
     """Whether a PE's score or value term takes the CPU kernel in blocks (`attention/term.py`):
-    the CPU kernel's case, with a term that is not per distance."""
+    the CPU kernel's case, with a term that is not per distance, for more than `chunk`
+    queries. Up to `chunk` the plain path forms the scores once, with nothing recomputed, and
+    was 10-25% faster at L = 512 (shaw, xl, deberta, cope, one process); beyond it the term
+    path was as fast at 1,024 and 1.3-2.5× faster at 2,048 and 4,096 for xl, deberta and
+    cope (BENCHMARKS.md)."""
     pe = parts.pe
-    return _cpu_kernel(parts, compute, v) and (pe.adds_score_terms or pe.post_normalization)
+    long = compute.chunk is not None and n > compute.chunk
+    terms = pe.adds_score_terms or pe.post_normalization
+    return long and terms and _cpu_kernel(parts, compute, v)
 
 
 def flex_path(

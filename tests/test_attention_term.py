@@ -93,10 +93,10 @@ def test_the_term_path_is_the_plain_path_with_its_gradients(
             torch.testing.assert_close(mine, theirs)
 
 
-def test_blocks_hold_score_block_scores_and_a_causal_block_sees_keys_to_its_last_query():
+def test_blocks_hold_term_block_scores_and_a_causal_block_sees_keys_to_its_last_query():
     pe = make_parts(PES["shaw"]).pe
     pos = torch.arange(10)
-    plan = term.TermPlan(pe, 0, pos, pos, None, True, 1.0)
+    plan = term.TermPlan(pe, 0, pos, pos, None, True, 1.0, None)
     q = torch.zeros(2, 2, 10, 4)
     blocks = plan.blocks(q, 10)
     assert [(r.start, r.stop, n) for r, n in blocks] == [(0, 10, 10)]
@@ -111,6 +111,12 @@ def test_blocks_hold_score_block_scores_and_a_causal_block_sees_keys_to_its_last
         (3, 6, 6),
         (6, 9, 9),
         (9, 10, 10),
+    ]
+    chunked = replace(plan, chunk=4, causal=False)  # at most chunk queries, whatever fits
+    assert [(r.start, r.stop, n) for r, n in chunked.blocks(q, 10)] == [
+        (0, 4, 10),
+        (4, 8, 10),
+        (8, 10, 10),
     ]
 
 

@@ -177,7 +177,8 @@ def attend(
         return distance_attention(q, k, v, scores, mask, is_causal, scale, chunk)
     if term:
         assert q is not None and k is not None
-        return term_attention(parts.pe, layer, q, k, v, q_pos, k_pos, mask, is_causal)
+        pe = parts.pe
+        return term_attention(pe, layer, q, k, v, q_pos, k_pos, mask, is_causal, chunk)
     synthesis = parts.synthesizer(x, q_pos, k_pos, layer)
     extra = _add(synthesis.logits, parts.pe.score_bias(q, k, q_pos, k_pos, layer))
     if synthesis.dot is not None and compute.fast and parts.fast():

@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 class TermPlan:
     """What the blocks share: the PE and its layer, positions [Lq], [Lk], the mask (None, or
     boolean and broadcastable to [B, H, Lq, Lk]), whether it is exactly causal (then each
-    block sees the keys up to its last query), and the scale of q·k."""
+    block sees the keys up to its last query), the scale of q·k, and the most queries a
+    block may hold (`model.attention_chunk`: a term's intermediates grow with the block)."""
 
     pe: PositionalEncoding
     layer: int
@@ -58,6 +59,7 @@ class TermPlan:
     mask: Tensor | None
     causal: bool
     scale: float
+    chunk: int | None
 
     @property
     def value(self) -> bool:
@@ -66,7 +68,7 @@ class TermPlan:
     def blocks(self, q: Tensor, n_keys: int) -> list[tuple[slice, int]]:
         """Each block's query rows and how many keys (from the first) it sees."""
         b, h, lq, _ = q.shape
-        size = max(1, TERM_BLOCK // (b * h * n_keys))
+        size = max(1, min(TERM_BLOCK // (b * h * n_keys), self.chunk or lq))
         starts = range(0, lq, size)
         rows = [slice(start, min(start + size, lq)) for start in starts]
         return [(r, r.stop if self.causal else n_keys) for r in rows]
@@ -197,10 +199,12 @@ def term_attention(
     k_pos: Tensor,
     mask: Tensor | None,
     causal: bool,
+    chunk: int | None,
 ) -> Tensor:
     """softmax(scale·q·kᵀ + T, masked) v + V(P) [B, H, Lq, d_v] by the fused CPU kernel, T and
     V the PE's `score_bias` and `value_term` (not `reweight`): q, k, v [B, H, L, d]; mask
-    boolean, broadcastable to [B, H, Lq, Lk]; `causal`: the mask is exactly causal."""
-    plan = TermPlan(pe, layer, q_pos, k_pos, mask, causal, pe.scale(q.shape[-1]))
+    boolean, broadcastable to [B, H, Lq, Lk]; `causal`: the mask is exactly causal; at most
+    `chunk` queries a block."""
+    plan = TermPlan(pe, layer, q_pos, k_pos, mask, causal, pe.scale(q.shape[-1]), chunk)
     params = [p for p in pe.parameters() if p.requires_grad]
     return _TermAttention.apply(plan, q, k, v, *params)

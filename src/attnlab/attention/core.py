@@ -27,8 +27,9 @@ term's gradient from the saved log-sum-exp, summed along diagonals), without dro
 Elsewhere the term is expanded (one copy) and its gradient summed along diagonals, not
 scattered into a table per (i, j). On the CPU, softmax of a plain dot product with any other
 PE score or value term (shaw, xl, deberta, cope; terms at randomized's drawn positions; not
-urpe's reweighting) takes the same kernel in blocks of queries, each block's term from the
-PE's hooks as its mask and its gradient from the saved log-sum-exp (`attention/term.py`).
+urpe's reweighting) takes the same kernel beyond `chunk` queries, in blocks of at most
+`chunk`, each block's term from the PE's hooks as its mask and its gradient from the saved
+log-sum-exp (`attention/term.py`).
 
 On CUDA and when asked (`flex`, model.flex_attention=true), softmax with a PE score term
 that FlexAttention can read per (i, j) (t5, alibi, kerple, shaw's key term; `pe.flex`) takes

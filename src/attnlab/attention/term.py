@@ -9,7 +9,7 @@ that needs a gradient sends SDPA to its math kernel, which forms and saves the s
 weights and their gradients for each block of `chunk` queries, and the block's recomputation
 runs the whole forward pass twice (XL at L = 4,096: 5.5× pe=none).
 
-Here each block holds `TERM_BLOCK` scores (512 queries at L = 4,096, batch 4, 4 heads). Its T
+Here each block holds at most `TERM_BLOCK` scores and `chunk` queries (512 at L = 4,096). Its T
 is the PE's own hook on the block's queries and keys, handed to PyTorch's fused CPU kernel as
 its float mask; only q, k, v, O and the log-sum-exp are saved. The backward pass recomputes
 each block's T with its graph, takes dq, dk, dv from the kernel's backward, and T's gradient

@@ -220,10 +220,11 @@ def _distance_scores(
 def _term_path(parts: AttentionParts, compute: Compute, v: Tensor, n: int) -> bool:
     """Whether a PE's score or value term takes the CPU kernel in blocks (`attention/term.py`):
     the CPU kernel's case, with a term that is not per distance, for more than `chunk`
-    queries. Up to `chunk` the plain path forms the scores once, with nothing recomputed, and
-    was 10-25% faster at L = 512 (shaw, xl, deberta, cope, one process); beyond it the term
-    path was as fast at 1,024 and 1.3-2.5× faster at 2,048 and 4,096 for xl, deberta and
-    cope (BENCHMARKS.md)."""
+    queries. Up to `chunk` the plain path forms the scores once, with nothing recomputed:
+    at L = 512 the term path took 9-37% longer (shaw, xl, deberta, cope; BENCHMARKS.md, one
+    process). Beyond it the term path was 1.1-2.2× faster at 1,024-4,096 for xl, deberta and
+    cope; shaw's took 14-17% longer at 1,024-2,048 and 11% less time at 4,096, with 17% less
+    memory."""
     pe = parts.pe
     long = compute.chunk is not None and n > compute.chunk
     terms = pe.adds_score_terms or pe.post_normalization

@@ -17,8 +17,8 @@ built from the absolute `q_pos` and `k_pos`, so the same code serves full sequen
 cached decoding (one query at position t) and cross-attention.
 
 What a variant does is declared in class attributes (`embeds`, `rotates`, `adds_score_terms`,
-`post_normalization`, `reweights`, `needs_query`, `needs_key`, `flex`), which the attention core reads
-to choose how to compute; a test checks each declaration against what the hooks do. A
+`post_normalization`, `reweights`, `needs_query`, `needs_key`, `flex`), which the attention
+core reads to choose how to compute; a test checks each declaration against what the hooks do. A
 variant defined for causal self-attention only says why in `causal_only`, and building it
 for a bidirectional stack or cross-attention is refused with that reason.
 A variant whose score term FlexAttention can compute from positions and small tables

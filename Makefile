@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-dialogue bench-gpu
+.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-dialogue bench-gpu bench-extrapolation
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ bench-attention: install ## time and memory of every attention variant -> BENCHM
 bench-translation: install ## translation speed (vs torch.nn.Transformer) and 30-min quality -> BENCHMARKS.md
 	$(PY) benchmarks/translation.py speed
 	$(PY) benchmarks/translation.py quality
+
+bench-extrapolation: install ## every encoding evaluated at 16x its training length of 1,024: time, memory -> BENCHMARKS.md
+	$(PY) benchmarks/extrapolation.py
 
 bench-lm: install ## nanoGPT's Shakespeare run over 3 seeds (vs its 1.88), Lightning vs a plain loop -> BENCHMARKS.md
 	$(PY) benchmarks/lm.py anchor

@@ -168,3 +168,20 @@ def test_the_disk_benchmark_runs_in_smoke_mode(tmp_path):
     rows = table_rows(result.stdout)[1:]  # after the header
     ratios = [float(row.rstrip(" |").rsplit("| ", 1)[1]) for row in rows]
     assert len(rows) == 4 and ratios[0] == 1.0 and max(ratios[1:]) < 1.0
+
+
+@pytest.mark.slow
+def test_the_extrapolation_benchmark_runs_in_smoke_mode(tmp_path):
+    result = run_smoke("extrapolation.py", "--smoke", tmp_path=tmp_path)
+    rows = [row.split(" | ") for row in table_rows(result.stdout)[1:]]
+    assert [row[0].strip("| ") for row in rows] == ["none", "t5", "xl"]
+    losses = [float(row[3].strip(" |")) for row in rows]
+    assert all(0 < loss < 10 for loss in losses)  # a window was scored by each
+
+
+def test_the_extrapolation_benchmark_needs_none_for_its_ratios():
+    done = subprocess.run(
+        [sys.executable, "benchmarks/extrapolation.py", "--smoke", "--pe", "t5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0 and "--pe must include none" in done.stderr

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -140,9 +141,15 @@ def measure(tree: Path, pe: str, setting: Setting, scratch: Path) -> tuple[Measu
     return window, short.peak
 
 
+def failure(text: str) -> str:
+    """A failed process's last line, short: torch's allocation error as the size it asked."""
+    found = re.search(r"can't allocate memory: you tried to allocate (\d+) bytes", text)
+    return f"out of memory: asked {int(found[1]) / GIB:.1f} GiB more" if found else text[-120:]
+
+
 def cell(measured: Measured, baseline: Measured) -> str:
     if measured.loss is None:
-        return f"failed: {measured.failure} | | |"
+        return f"failed, {failure(measured.failure)} | | |"
     return (
         f"{measured.seconds:.1f} ({measured.seconds / baseline.seconds:.2f}x) "
         f"| {measured.peak / GIB:.2f} ({measured.peak / baseline.peak:.2f}x) "

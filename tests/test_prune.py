@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import QUIET
+from helpers import compose_config
 
 from attnlab import status
 from attnlab.commands.cli import main as attnlab
@@ -40,6 +42,21 @@ def test_a_finished_run_with_keep_when_done_false_drops_its_training_state(make_
     train(make_config([*TINY, "callbacks.latest.keep_when_done=false"]))
     assert not (tmp_path / "checkpoints" / "last.ckpt").exists()
     assert len(list((tmp_path / "checkpoints").glob("epoch_*.ckpt"))) == 1
+
+
+@pytest.mark.parametrize("sweep_job", [False, True], ids=["single_run", "sweep_job"])
+def test_by_default_a_finished_sweep_job_drops_its_training_state_and_a_single_run_keeps_it(
+    sweep_job, tmp_path
+):
+    """callbacks.latest.keep_when_done null: a job of a -m sweep (multirun.yaml beside its
+    directory, as when it is resumed on its own) drops last.ckpt once done."""
+    run_dir = tmp_path / "sweep" / "0"
+    if sweep_job:
+        run_dir.parent.mkdir()
+        (run_dir.parent / "multirun.yaml").write_text("hydra: {}\n")
+    train(compose_config([*QUIET, *TINY], run_dir))
+    assert (run_dir / "checkpoints" / "last.ckpt").exists() != sweep_job
+    assert len(list((run_dir / "checkpoints").glob("epoch_*.ckpt"))) == 1
 
 
 def test_prune_frees_finished_runs_and_leaves_the_others_whole(make_config, tmp_path, capsys):

@@ -85,11 +85,15 @@ def test_references_recorded_on_another_machine_are_found_in_shared_data(tmp_pat
     assert located("/elsewhere/data/other/test.de", repository) is None
 
 
-def test_missing_hypotheses_or_references_are_said_not_guessed(tmp_path):
+def test_missing_hypotheses_are_said_and_missing_references_named_not_guessed(tmp_path):
     configs, data = study(tmp_path)
-    (data / "test.de").unlink()
+    for name in ("near0", "worse0"):  # seed 0 of two configurations
+        (tmp_path / "runs" / name / "hypotheses" / "test.txt").unlink()
     table = bootstrap_table(configs, "synthesizer=dot", tmp_path)
-    assert table.count("no hypotheses or references") == 6
+    assert table.count("0: no hypotheses or references") == 2
+    (data / "test.de").unlink()  # a clone without the data: no table, the file named
+    with pytest.raises(ConfigError, match=r"needs its test references .*multi30k/test\.de"):
+        bootstrap_table(configs, "synthesizer=dot", tmp_path)
     with pytest.raises(ConfigError, match=r"baseline synthesizer=nope is none of .*: name one"):
         bootstrap_table(configs, "synthesizer=nope", tmp_path)
     dot = [config for config in configs if config.label == "synthesizer=dot"]

@@ -85,3 +85,12 @@ def test_the_slurm_launcher_is_submitit_with_its_resources_as_options(tmp_path):
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert (launcher.partition, launcher.timeout_min) == ("gpu", 30)
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.mem_gb) == (1, 1, 32)
+
+
+@pytest.mark.slow
+def test_a_plain_sweeps_finished_jobs_keep_their_best_weights_not_their_training_state(tmp_path):
+    result, (sweep_dir,) = sweep("seed=1,2", log_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job in ("0", "1"):
+        kept = sorted(p.name for p in (sweep_dir / job / "checkpoints").iterdir())
+        assert kept == ["epoch_000.ckpt"], f"job {job} kept {kept}"

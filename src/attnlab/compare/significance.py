@@ -6,7 +6,9 @@ same seed, on the references of the test split.
 References are never archived (they are the corpus's): they are read where the run read
 them, its `task.data.test_tgt` or `{task.data.dir}/test.{tgt_lang}`, or, where that path
 does not exist on this machine, the directory of the same name in `../shared/data` beside
-the repository. A run whose hypotheses or references cannot be found, or do not match in
+the repository; where neither exists (a clone without `../shared`), the table is not made
+and one sentence names the file it needs. A run whose hypotheses cannot be found, whose data
+names no references (a hub dataset), or whose hypotheses and references do not match in
 number, is left out of the test, and the table says so.
 
 The verdict rule's paired part (RESULTS.md): a configuration is ahead of (behind) the
@@ -41,7 +43,8 @@ def located(path: str, root: Path) -> Path | None:
 
 
 def references(run: Run, root: Path) -> list[str] | None:
-    """The test references the run was scored on, or None where they cannot be read."""
+    """The test references the run was scored on; None where its data names no file; a
+    ConfigError naming the file where it is on neither this machine nor ../shared/data."""
     data = run.config.task.data
     if data.get("test_tgt"):
         path = str(data.test_tgt)
@@ -50,7 +53,13 @@ def references(run: Run, root: Path) -> list[str] | None:
     else:
         return None
     found = located(path, root)
-    return list(read_lines(found)) if found else None
+    if found is None:
+        shared = root.parent / "shared" / "data" / Path(path).parent.name / Path(path).name
+        raise ConfigError(
+            f"the paired bootstrap of {run.path.name} needs its test references {path} (or "
+            f"{shared}), which this machine lacks: put them there and run `attnlab results` again"
+        )
+    return list(read_lines(found))
 
 
 def hypotheses(run: Run) -> list[str] | None:

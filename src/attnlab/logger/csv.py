@@ -3,13 +3,15 @@
 Lightning's CSVLogger deletes the metrics file of the directory it writes to; a resumed run
 writes to the directory of the run it continues, so this one keeps the file and appends.
 Rows that the interrupted run logged after its latest checkpoint are work the resumed run
-does again: `drop_after` removes them before it does (attnlab.runner.checkpoints.ExactResume).
+does again: `drop_after` removes them before it does (attnlab.runner.checkpoints.ExactResume),
+and `drop_tests` the rows of a test it does again (attnlab.runner.train.fit_and_test).
 """
 
 from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Callable
 
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -37,7 +39,8 @@ class AppendingWriter(ExperimentWriter):
             with open(self.metrics_file_path, newline="") as file:
                 self.metrics_keys = next(csv.reader(file), [])
 
-    def drop_after(self, step: int) -> None:
+    def keep_only(self, kept: Callable[[dict[str, str]], bool]) -> None:
+        """Rewrite the metrics file with the rows that `kept` accepts."""
         self.save()
         if not os.path.isfile(self.metrics_file_path):
             return
@@ -46,7 +49,7 @@ class AppendingWriter(ExperimentWriter):
         with open(self.metrics_file_path, "w", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
             writer.writeheader()
-            writer.writerows(row for row in rows if done_by(row, step))
+            writer.writerows(row for row in rows if kept(row))
 
 
 class CSVLogger(LightningCSVLogger):
@@ -61,4 +64,11 @@ class CSVLogger(LightningCSVLogger):
     @rank_zero_only
     def drop_after(self, step: int) -> None:
         """Remove the rows of work done after `step` optimizer steps (see the module doc)."""
-        self.experiment.drop_after(step)
+        self.experiment.keep_only(lambda row: done_by(row, step))
+
+    @rank_zero_only
+    def drop_tests(self) -> None:
+        """Remove the rows of a test (one that a run killed after it tests again, whole)."""
+        self.experiment.keep_only(
+            lambda row: not any(row.get(k) for k in row if k.startswith("test/"))
+        )

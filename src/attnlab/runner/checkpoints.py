@@ -36,6 +36,12 @@ import numpy as np
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.loops.progress import (
+    _BatchProgress,
+    _OptimizationProgress,
+    _Progress,
+    _SchedulerProgress,
+)
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from attnlab.data.loader import ResumableLoader
@@ -121,12 +127,48 @@ def set_random_states(states: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+EPOCH_START_RESETS = {  # what Lightning's loops reset when an epoch starts, by checkpoint key
+    "epoch_loop.batch_progress": _BatchProgress,
+    "epoch_loop.scheduler_progress": _SchedulerProgress,
+    "epoch_loop.automatic_optimization.optim_progress": _OptimizationProgress,
+}
+
+
+def as_next_epoch(fit_loop: dict[str, Any]) -> None:
+    """Rewrite the fit loop's state saved at an epoch's end (on_train_epoch_end) as the
+    state between that epoch and the next: the epoch completed (FitLoop.on_advance_end) and
+    the per-epoch counters reset (_TrainingEpochLoop.reset). Lightning restores the former
+    as an epoch to finish: it ran an empty pass that moved the sampler's epoch one ahead and
+    counted one batch too many in the logged step (a SIGKILLed run resumed from it trained
+    on other batches than the uninterrupted run)."""
+    epoch = _Progress()
+    epoch.load_state_dict(fit_loop["epoch_progress"])
+    epoch.increment_completed()
+    fit_loop["epoch_progress"] = epoch.state_dict()
+    for key, kind in EPOCH_START_RESETS.items():
+        progress = kind()
+        progress.load_state_dict(fit_loop[key])
+        progress.reset_on_run()
+        fit_loop[key] = progress.state_dict()
+    validation = _BatchProgress()
+    validation.load_state_dict(fit_loop["epoch_loop.val_loop.batch_progress"])
+    validation.total.reset()  # validation batches of the epoch, for val_check_interval
+    fit_loop["epoch_loop.val_loop.batch_progress"] = validation.state_dict()
+
+
+def at_epoch_end(trainer: L.Trainer) -> bool:
+    """Whether the fit loop is in an epoch's end hooks (processed, not yet completed)."""
+    progress = trainer.fit_loop.epoch_progress.current
+    return progress.processed > progress.completed
+
+
 class ExactResume(L.Callback):
     """What Lightning leaves out of a checkpoint for a resume to reach the weights of the
     uninterrupted run: the random generators' states (dropout draws from them) and how many
     batches of the epoch were done. Both are put back when training
     starts, after everything else is restored (Lightning builds the training loader early,
-    for `estimated_stepping_batches`, before it restores a loader's own state)."""
+    for `estimated_stepping_batches`, before it restores a loader's own state). A checkpoint
+    written at an epoch's end holds the loops as the next epoch's start (`as_next_epoch`)."""
 
     def __init__(self) -> None:
         self.pending: dict[str, Any] | None = None
@@ -136,7 +178,11 @@ class ExactResume(L.Callback):
     ) -> None:
         # batches of this epoch whose optimizer step is done (not those only fetched)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        checkpoint[RESUME_KEY] = {"random": random_states(), "done": done}
+        between = at_epoch_end(trainer) and "loops" in checkpoint
+        if between:
+            as_next_epoch(checkpoint["loops"]["fit_loop"])
+            done = 0
+        checkpoint[RESUME_KEY] = {"random": random_states(), "done": done, "between": between}
 
     def on_load_checkpoint(
         self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict
@@ -147,6 +193,8 @@ class ExactResume(L.Callback):
         if self.pending is None:
             return
         set_random_states(self.pending["random"])
+        if self.pending.get("between"):  # the next epoch starts as a new one, not a restart:
+            trainer.fit_loop.epoch_loop.restarting = False  # no step of validation to skip
         loader, done = trainer.train_dataloader, self.pending["done"]
         if isinstance(loader, ResumableLoader) and 0 < done < len(loader):
             loader.resume_after(done)  # mid-epoch; at an epoch's end the next one starts
@@ -182,7 +230,7 @@ class LatestCheckpoint(Checkpoint):
         dirpath: str,
         every_n_minutes: float | None,
         every_n_steps: int | None,
-        keep_when_done: bool,
+        keep_when_done: bool,  # the runner decides callbacks.latest's null (run.build_callback)
     ) -> None:
         if every_n_minutes is not None and every_n_steps is not None:
             raise ConfigError(

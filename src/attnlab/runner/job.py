@@ -60,3 +60,9 @@ def run_composed(config_name: str, overrides: list[str], task: Callable[[DictCon
         OmegaConf.save(OmegaConf.create({"hydra": cfg.hydra}), saved / "hydra.yaml")
         OmegaConf.save(cfg.hydra.overrides.task, saved / "overrides.yaml")
     return task(job)
+
+
+def is_sweep_job(output_dir: Path) -> bool:
+    """Whether `output_dir` is a job's directory in a -m sweep's (multirun.yaml beside it):
+    a job resumed on its own (train.py run_dir=<job>) is still one."""
+    return (output_dir.parent / "multirun.yaml").is_file()

@@ -27,6 +27,7 @@ from attnlab.logger.wandb import WandbLogger
 from attnlab.optim import check_optim
 from attnlab.runner.callbacks import ScoredExamples, ValidateAtEnd
 from attnlab.runner.checkpoints import LatestCheckpoint
+from attnlab.runner.job import is_sweep_job
 from attnlab.settings import (
     ARCHITECTURE,
     DESCRIPTIVE,
@@ -145,7 +146,8 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.
     every run has: validation of the final weights, and the count of examples scored."""
     check_accelerator(str(cfg.trainer.get("accelerator", "auto")))
     loggers = [build(node, MACHINERY) for node in (cfg.get("logger") or {}).values()]
-    callbacks = [build(node, MACHINERY) for node in (cfg.get("callbacks") or {}).values()]
+    sweep_job = in_sweep() or is_sweep_job(Path(resolve_output_dir(cfg)))
+    callbacks = [build_callback(node, sweep_job) for node in (cfg.get("callbacks") or {}).values()]
     if not loggers:  # (~logger) Lightning refuses a LearningRateMonitor with nothing to log to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     always = [ValidateAtEnd(), ScoredExamples()]
@@ -154,6 +156,14 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.
     )
     trainer.callbacks = state_savers_last(trainer.callbacks)
     return trainer
+
+
+def build_callback(node: DictConfig, sweep_job: bool) -> L.Callback:
+    """A callback of the config; callbacks.latest's keep_when_done null is decided by the
+    kind of run: a job of a -m sweep drops its training state when done, a single run not."""
+    if "keep_when_done" in node and node.keep_when_done is None:
+        return build({**to_dict(node), "keep_when_done": not sweep_job}, MACHINERY)
+    return build(node, MACHINERY)
 
 
 def state_savers_last(callbacks: list[L.Callback]) -> list[L.Callback]:

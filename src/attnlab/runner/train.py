@@ -101,6 +101,7 @@ def fit_and_test(
 ) -> dict[str, float]:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    from attnlab.logger.csv import CSVLogger
     from attnlab.runner import run
     from attnlab.runner.checkpoints import LatestCheckpoint, best_checkpoint
 
@@ -120,6 +121,9 @@ def fit_and_test(
         best = checkpoint.best_model_path if checkpoint is not None else ""
         if not best:
             log.warning("no best checkpoint was saved: testing the final weights")
+        for logger in trainer.loggers:
+            if isinstance(logger, CSVLogger):
+                logger.drop_tests()  # a run killed after its test tests again, whole
         (results,) = trainer.test(system, datamodule, ckpt_path=best or None, verbose=False)
         metrics.update(run.scalar_metrics(results))
     if cfg.train:

@@ -114,3 +114,41 @@ def test_export_writes_over_nothing_and_loads_only_what_it_wrote(exported, tmp_p
     (out / CONFIG).write_text(json.dumps({**config, "version": 99}))
     with pytest.raises(ConfigError, match="is not the config of an attnlab 1 export"):
         read_checkpoint(out)
+
+
+def damaged(state: dict[str, torch.Tensor], how: str) -> dict[str, torch.Tensor]:
+    name = next(n for n, t in state.items() if t.dim() == 2)  # a weight matrix
+    if how == "shape":
+        state[name] = state[name][:, :-1].contiguous()
+    elif how == "dtype":
+        state[name] = state[name].half()
+    elif how == "nan":
+        state[name] = torch.full_like(state[name], float("nan"))
+    elif how == "missing":
+        del state[name]
+    else:
+        state["extra.weight"] = torch.zeros(2)
+    return state
+
+
+@pytest.mark.parametrize(
+    ("how", "sentence"),
+    [
+        ("shape", r"the checkpoint's \S+ is \(\d+, \d+\) torch.float32 where the model .* has"),
+        ("dtype", r"is \(\d+, \d+\) torch.float16 where the model .* torch.float32"),
+        ("nan", r"holds NaN or infinite values"),
+        ("missing", r"weights do not fit the model .*: it lacks \S+"),
+        ("extra", r"it holds extra.weight, which the model has not"),
+    ],
+)
+def test_damaged_weights_are_named_in_one_sentence_before_any_text(how, sentence, exported):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    _, out = exported
+    with safe_open(out / WEIGHTS, framework="pt") as weights:
+        state = {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118
+        metadata = weights.metadata()
+    save_file(damaged(state, how), out / WEIGHTS, metadata=metadata)
+    with pytest.raises(SystemExit, match=sentence):
+        main(["generate", f"ckpt_path={out}", "prompt=A"])

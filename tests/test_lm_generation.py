@@ -4,6 +4,7 @@ checkpoint that train.py wrote, and every mistake ends in one sentence."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -13,8 +14,8 @@ import pytest
 import torch
 from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT, decode_node, first_then_slow, repeatable
 
-from attnlab.commands.cli import SAMPLE_RULE, main
-from attnlab.commands.generate import load_language_model, parse_request
+from attnlab.commands.cli import main
+from attnlab.commands.generate import SAMPLE_RULE, load_language_model, parse_request
 from attnlab.data.stream import SPECIALS, CharTokenizer
 from attnlab.decoding import DecodeConfig
 from attnlab.generation import Pick, continue_text, picker
@@ -299,3 +300,35 @@ def test_the_generation_benchmark_runs_in_smoke_mode_and_leaves_benchmarks_md_al
     assert len(rows) == 1 and "×" in rows[0]
     assert "not writing BENCHMARKS.md" in result.stdout
     assert copy.read_bytes() == before and tracked.read_bytes() == before
+
+
+class Writes(io.StringIO):
+    """Standard output that counts its writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "nucleus"])
+def test_one_sample_streams_its_text_as_drawn_and_the_same_text(strategy, checkpoint):
+    from attnlab.commands.generate import generate, print_generated
+
+    settings = [f"ckpt_path={checkpoint}", "prompt=First", "max_new_tokens=20",
+                f"decode.strategy={strategy}", "decode.seed=4"]  # fmt: skip
+    out = Writes()
+    print_generated(settings, out)
+    assert out.getvalue() == generate(settings)[0] + "\n"
+    assert out.writes == 1 + 20 + 1, "the prompt, a piece per token, the line's end"
+
+
+def test_a_continuation_whose_cache_cannot_fit_is_one_sentence_before_decoding(
+    make_config, tmp_path
+):
+    path = save_lm_checkpoint(make_config, tmp_path / "rope.ckpt", pe=("pe=rope",))
+    with pytest.raises(SystemExit, match=r"to 1,000,000,004 positions keeps a key/value cache"):
+        main(["generate", f"ckpt_path={path}", "prompt=First", "max_new_tokens=1000000000"])

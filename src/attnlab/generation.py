@@ -4,19 +4,22 @@ Each step feeds only the newest token and reuses the keys and values of the earl
 (`cache=False` recomputes the whole prefix instead, which gives the same tokens: a test
 checks it). Tokens are picked greedily or drawn by attnlab.decoding's Sampler (top-k,
 nucleus, temperature) with a generator of its own, so a seed gives the same text again.
+One sample streams its text as it is drawn (`streamed`); before decoding starts, the key/value
+cache the request will need is checked against the memory free.
 What `attnlab generate` (attnlab.commands.generate) and the language model's validation
 samples run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from attnlab.decoding import DecodeConfig, Sampler
+from attnlab.memory import check_free
 from attnlab.model.transformer import DecoderLM
 from attnlab.settings import ConfigError
 
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
 
 LM_STRATEGIES = ("greedy", "top_k", "nucleus")
 DEFAULT_NEW_TOKENS = 200
+CONTEXT = 16  # tokens before a streamed token that its text is decoded after
 Pick = Callable[[Tensor], Tensor]  # log-probabilities [N, V] -> next tokens [N]
 
 
@@ -68,22 +72,44 @@ def check_room(net: DecoderLM, prompt_length: int, max_new_tokens: int) -> None:
     )
 
 
+def check_cache(net: DecoderLM, samples: int, positions: int) -> None:
+    """A ConfigError when the keys and values of `positions` positions for `samples`
+    sequences (4 bytes each of the model's width, per layer) exceed the memory free."""
+    layers, width = net.stack.n_layers, net.embed.weight.shape[1]
+    check_free(
+        2 * layers * samples * positions * width * 4,
+        f"continuing {counted(samples, 'sample')} to {positions:,} positions keeps a key/value "
+        "cache that",
+        "ask for fewer new tokens (max_new_tokens) or samples",
+    )
+
+
 @torch.inference_mode()
-def continue_text(
+def drawn_tokens(
     net: DecoderLM, prompt: Tensor, max_new_tokens: int, pick: Pick, cache: bool = True
-) -> Tensor:
-    """`max_new_tokens` tokens [N, max_new_tokens] after each prompt of prompt [N, P]."""
+) -> Iterator[Tensor]:
+    """The next tokens [N] after each prompt of prompt [N, P], step by step, as drawn."""
     if prompt.shape[1] == 0:
         raise ConfigError("the prompt is empty: give at least one token of text to continue")
     check_room(net, prompt.shape[1], max_new_tokens)
-    state = net.new_cache(prompt.shape[1] + max_new_tokens - 1) if cache else None
+    positions = prompt.shape[1] + max_new_tokens - 1
+    check_cache(net, prompt.shape[0], positions)
+    state = net.new_cache(positions) if cache else None
     tokens, new = prompt, prompt
     for _ in range(max_new_tokens):
         logits = net(new if cache else tokens, state)[:, -1]
         chosen = pick(torch.log_softmax(logits.float(), -1))
-        tokens = torch.cat((tokens, chosen[:, None]), 1)
+        yield chosen
         new = chosen[:, None]
-    return tokens[:, prompt.shape[1] :]
+        if not cache:
+            tokens = torch.cat((tokens, new), 1)
+
+
+def continue_text(
+    net: DecoderLM, prompt: Tensor, max_new_tokens: int, pick: Pick, cache: bool = True
+) -> Tensor:
+    """`max_new_tokens` tokens [N, max_new_tokens] after each prompt of prompt [N, P]."""
+    return torch.stack(list(drawn_tokens(net, prompt, max_new_tokens, pick, cache)), 1)
 
 
 # text in, text out
@@ -102,6 +128,22 @@ def continuation(tokenizer: StreamTokenizer, prompt: Tensor, new: Tensor) -> str
     return whole[len(before) :] if whole.startswith(before) else tokenizer.decode(new)
 
 
+def prepared(
+    net: DecoderLM, tokenizer: StreamTokenizer, prompt: str, count: int | None, config: DecodeConfig
+) -> tuple[Tensor, int, Pick]:
+    """The prompt's ids, the number of new tokens (None: DEFAULT_NEW_TOKENS, or fewer if the
+    model's positions end sooner) and the picker `config` draws with, seeded."""
+    check_strategy(config.strategy)
+    device = net.embed.weight.device
+    ids = encode_prompt(tokenizer, prompt).to(device)
+    if count is None:
+        bound = net.stack.parts.max_len
+        room = DEFAULT_NEW_TOKENS if bound is None else bound + 1 - len(ids)
+        count = max(1, min(DEFAULT_NEW_TOKENS, room))
+    generator = torch.Generator(device).manual_seed(config.seed)
+    return ids, count, picker(config, config.strategy, generator)
+
+
 def continuations(
     net: DecoderLM,
     tokenizer: StreamTokenizer,
@@ -111,16 +153,25 @@ def continuations(
     config: DecodeConfig,
     cache: bool = True,
 ) -> list[str]:
-    """`samples` texts continuing `prompt` by `count` tokens (None: DEFAULT_NEW_TOKENS, or
-    fewer if the model's positions end sooner), drawn by `config` with its seed."""
-    check_strategy(config.strategy)
-    device = net.embed.weight.device
-    ids = encode_prompt(tokenizer, prompt).to(device)
-    if count is None:
-        bound = net.stack.parts.max_len
-        room = DEFAULT_NEW_TOKENS if bound is None else bound + 1 - len(ids)
-        count = max(1, min(DEFAULT_NEW_TOKENS, room))
-    generator = torch.Generator(device).manual_seed(config.seed)
-    pick = picker(config, config.strategy, generator)
+    """`samples` texts continuing `prompt` by `count` tokens, drawn by `config` with its seed."""
+    ids, count, pick = prepared(net, tokenizer, prompt, count, config)
     new = continue_text(net, ids.repeat(samples, 1), count, pick, cache)
     return [prompt + continuation(tokenizer, ids, row) for row in new]
+
+
+def streamed(
+    net: DecoderLM,
+    tokenizer: StreamTokenizer,
+    prompt: str,
+    count: int | None,
+    config: DecodeConfig,
+    cache: bool = True,
+) -> Iterator[str]:
+    """One continuation of `prompt` (the same text as `continuations`' with one sample), its
+    text piece by piece as its tokens are drawn: each token's text as it reads after the
+    CONTEXT tokens before it (a SentencePiece word's space)."""
+    ids, count, pick = prepared(net, tokenizer, prompt, count, config)
+    before = ids
+    for chosen in drawn_tokens(net, ids[None], count, pick, cache):
+        yield continuation(tokenizer, before[-CONTEXT:], chosen)
+        before = torch.cat((before[-CONTEXT:], chosen))

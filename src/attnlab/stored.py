@@ -19,6 +19,7 @@ either as `ckpt_path`; what either names about the run passes the same allow-lis
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -187,13 +188,64 @@ def export(ckpt_path: str, out: str) -> list[str]:
 def rebuild(system_class: type[S], checkpoint: dict[str, Any], changes: dict[str, Any]) -> S:
     """The system a checkpoint (or export) holds: built from its stored hyperparameters that
     `system_class` takes, with `changes` set over them, then its tokenizers and weights."""
+    from attnlab.memory import EVALUATION_BYTES, check_fits
+    from attnlab.model.architecture import Architecture
+
     accepted = inspect.signature(system_class).parameters
     stored = {k: v for k, v in checkpoint["hyper_parameters"].items() if k in accepted}
+    bound = inspect.signature(system_class).bind_partial(**(stored | changes))
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    architecture = arguments.pop("architecture", None)
+    if not isinstance(architecture, dict):
+        raise ConfigError(
+            "the checkpoint's hyperparameters hold no architecture: it was not written by "
+            "train.py or attnlab export; pass one that was"
+        )
+    network = functools.partial(system_class.network, **arguments)
+    check_fits(network, Architecture.from_config(architecture), EVALUATION_BYTES)
     system = system_class(**(stored | changes))
     system.on_load_checkpoint(checkpoint)
+    check_weights(checkpoint["state_dict"], system.state_dict())
     system.load_state_dict(checkpoint["state_dict"])
     system.run_record = checkpoint[RECORD_KEY]
     return system
+
+
+def listed(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def check_weights(stored: dict[str, Any], expected: dict[str, Any]) -> None:
+    """A ConfigError for the first way the stored tensors differ from the rebuilt model's:
+    a name missing or unknown, a shape, a dtype, a value that is not finite."""
+    import torch
+
+    missing = sorted(set(expected) - set(stored))
+    unknown = sorted(set(stored) - set(expected))
+    if missing or unknown:
+        lacks = f"lacks {listed(missing)}" if missing else ""
+        extra = f"holds {listed(unknown)}, which the model has not" if unknown else ""
+        raise ConfigError(
+            f"the checkpoint's weights do not fit the model its config builds: it "
+            f"{' and '.join(filter(None, (lacks, extra)))}; it is damaged or edited, so "
+            "export or save it again"
+        )
+    for name, want in expected.items():
+        got = stored[name]
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+            held = f"{tuple(got.shape)} {got.dtype}" if isinstance(got, torch.Tensor) else type(got)
+            raise ConfigError(
+                f"the checkpoint's {name} is {held} where the model its config builds has "
+                f"{tuple(want.shape)} {want.dtype}: it is damaged or edited, so export or save "
+                "it again"
+            )
+        if got.is_floating_point() and not bool(torch.isfinite(got).all()):
+            raise ConfigError(
+                f"the checkpoint's {name} holds NaN or infinite values: the run diverged or the "
+                "file is damaged; use a checkpoint saved before"
+            )
 
 
 def nested(node: Any, *keys: str) -> dict[str, Any]:

@@ -7,11 +7,10 @@ generation and stored)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from attnlab.settings import ConfigError
-
-SAMPLE_RULE = "\n" + "-" * 40 + "\n"  # between the texts of samples=N > 1
 
 
 def parser() -> argparse.ArgumentParser:
@@ -134,13 +133,6 @@ def print_exported(args: list[str]) -> None:
     print(f"wrote {', '.join(files)} into {settings['out']}")
 
 
-def print_generated(settings: list[str]) -> None:
-    from attnlab.commands.generate import generate
-
-    texts = generate(settings)
-    print(SAMPLE_RULE.join(texts))
-
-
 MODEL_COMMANDS = ("generate", "chat", "export", "translate")  # they run a model
 
 
@@ -169,7 +161,9 @@ def main(argv: list[str] | None = None) -> None:
             count = archive(args.sweep, args.destination)
             print(f"archived the records of {count} runs in {args.destination}")
         elif args.command == "generate":
-            print_generated(args.settings)
+            from attnlab.commands.generate import print_generated
+
+            print_generated(args.settings, sys.stdout)
         elif args.command == "prune":
             print_pruned(args.directory)
         elif args.command == "chat":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from attnlab.commands.arguments import parse_setting
 from attnlab.generation import (
@@ -26,18 +26,21 @@ from attnlab.generation import (
     continuations,
     counted,
     encode_prompt,
+    streamed,
 )  # fmt: skip
 from attnlab.runner.resume import EVALUATION_OPTIONS, evaluation_options, with_settings
 from attnlab.settings import ConfigError, is_count
 from attnlab.stored import load_system, nested
 
 if TYPE_CHECKING:
+    from attnlab.decoding import DecodeConfig
     from attnlab.systems.lm import LMSystem
 
 SETTINGS = ("ckpt_path", "prompt", "max_new_tokens", "samples", "cache")
 DECODE_SETTINGS = ("strategy", "top_k", "top_p", "temperature", "seed")
 PE_SETTINGS = sorted({name for names in EVALUATION_OPTIONS.values() for name in names})
 TEXT_SETTINGS = ("ckpt_path", "prompt")  # read as written: prompt=true is the text "true"
+SAMPLE_RULE = "\n" + "-" * 40 + "\n"  # between the texts of samples=N > 1
 ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
 
@@ -151,8 +154,9 @@ def load_language_model(path: str, pe_settings: dict[str, Any] | None = None) ->
     )
 
 
-def generate(args: list[str]) -> list[str]:
-    """`attnlab generate`: the texts (prompt and continuation) that `args` ask for."""
+def request_of(args: list[str]) -> tuple[Request, LMSystem, str, DecodeConfig]:
+    """What `args` ask for: the request, the model, the prompt and the decoding settings
+    (a prompt's symbols outside the vocabulary are said on standard error)."""
     request = parse_request(args)
     system = load_language_model(request.ckpt_path, request.pe)
     prompt = system.sample_prompt if request.prompt is None else request.prompt
@@ -163,7 +167,34 @@ def generate(args: list[str]) -> list[str]:
             "vocabulary, read as its unknown symbol",
             file=sys.stderr,
         )
+    return request, system, prompt, config
+
+
+def generate(args: list[str]) -> list[str]:
+    """`attnlab generate`: the texts (prompt and continuation) that `args` ask for."""
+    request, system, prompt, config = request_of(args)
     return continuations(
         system.net, system.tokenizer, prompt, request.max_new_tokens, request.samples, config,
         request.cache,
     )  # fmt: skip
+
+
+def print_generated(args: list[str], out: TextIO) -> None:
+    """Print the texts `args` ask for to `out`: one sample as its tokens are drawn, several
+    (drawn together) when all are, between SAMPLE_RULE lines."""
+    request, system, prompt, config = request_of(args)
+    if request.samples > 1:
+        texts = continuations(
+            system.net, system.tokenizer, prompt, request.max_new_tokens, request.samples,
+            config, request.cache,
+        )  # fmt: skip
+        print(SAMPLE_RULE.join(texts), file=out)
+        return
+    pieces = streamed(
+        system.net, system.tokenizer, prompt, request.max_new_tokens, config, request.cache
+    )
+    out.write(prompt)
+    for piece in pieces:
+        out.write(piece)
+        out.flush()
+    out.write("\n")

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.data.task import TaskData
+from attnlab.memory import TRAINING_BYTES, check_fits
 from attnlab.model.architecture import Architecture
 from attnlab.norm.base import Normalizer
 from attnlab.optim import check_optim, configure_adamw
@@ -65,14 +66,17 @@ class System(L.LightningModule):
     def check_network(cls, architecture: dict, settings: Mapping[str, Any]) -> None:
         """Build the network on the meta device (no memory, no values) with a stand-in
         vocabulary and the task's `settings`: every variant is built against the shape of
-        the stack it sits in, and refuses a bad setting, before any data is read."""
+        the stack it sits in, and refuses a bad setting, before any data is read; a network
+        whose parameters cannot be trained in this machine's memory is refused first."""
         accepted = inspect.signature(cls).parameters
         check_options(f"{cls.__module__}.{cls.__name__}", cls, settings, ("architecture", "optim"))
         stand_in = {k: v for k, v in STAND_IN.items() if k in accepted}
         bound = inspect.signature(cls).bind_partial(**(stand_in | settings))
         bound.apply_defaults()
+        full = Architecture.from_config(architecture)
+        check_fits(lambda arch: cls.network(arch, **bound.arguments), full, TRAINING_BYTES)
         with torch.device("meta"):
-            cls.network(Architecture.from_config(architecture), **bound.arguments)
+            cls.network(full, **bound.arguments)
 
     def configure_model(self) -> None:
         """With model.compile, torch.compile the network's forward in place (parameter

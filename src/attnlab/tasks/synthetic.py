@@ -34,10 +34,12 @@ from torch.utils.data import DataLoader, Dataset
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.loader import ResumableLoader, ResumableSampler
 from attnlab.data.task import IGNORE, SyntheticBatch, TaskData
+from attnlab.memory import check_free
 from attnlab.settings import ConfigError, build, is_count, require_counts
 
 OPTIONS = "task.data.generator"  # where a generator's options sit, for error messages
 ARCHS = ("decoder", "encoder_decoder")
+BYTES_PER_SYMBOL = 8  # a list's pointer to a small int (Python caches those): at least
 
 
 class Example(NamedTuple):
@@ -260,8 +262,22 @@ class SyntheticData(TaskData):
         self.train_lengths = range(train_min_len, train_max_len + 1)
         self.test_buckets = buckets(train_min_len, width, longest)
         self.sizes = {"train": train_size, "valid": val_size, "test": test_size}
+        check_free(
+            self.most_eval_symbols() * BYTES_PER_SYMBOL,
+            f"task.data.train_max_len={train_max_len}, test_max_len={longest}, "
+            f"val_size={val_size} and test_size={test_size} make evaluation sets of up to "
+            f"{self.most_eval_symbols():,} symbols, which",
+            "lower the lengths or the sizes",
+        )
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.test_seed, self.seed, self.num_workers = test_seed, seed, num_workers
+
+    def most_eval_symbols(self) -> int:
+        """The symbols the validation and test sets hold at most: each example's input and
+        output at its bucket's longest length (an output is at most about its input)."""
+        valid = self.sizes["valid"] * (self.train_lengths.stop - 1)
+        test = self.sizes["test"] * sum(lengths.stop - 1 for lengths in self.test_buckets)
+        return 2 * (valid + test)
 
     @functools.cached_property
     def eval_sets(self) -> dict[str, list[Item]]:

@@ -1,0 +1,108 @@
+"""What a setting will allocate, estimated before anything is: a network's parameters (from
+networks of one and two layers built on the meta device), checked against the memory this
+machine has free, so that a size that cannot fit is one sentence, not minutes of swapping
+or the allocator's traceback.
+
+Data sets made in memory say what they will hold the same way (`check_free`).
+
+Bytes per parameter: evaluation holds the fp32 weights (4); training adds their gradients
+and AdamW's two moments (16). Activations come on top and are not estimated: a run refused
+here could never fit; one let through may still need more.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from attnlab.model.architecture import Architecture
+from attnlab.settings import ConfigError
+
+TRAINING_BYTES = 16  # weights, gradients, AdamW's exp_avg and exp_avg_sq, fp32 each
+EVALUATION_BYTES = 4  # the weights
+GIB = 1 << 30
+
+
+def available_bytes() -> int:
+    """Memory this machine has free now (Linux's MemAvailable), else its physical memory."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def sizes(architecture: Architecture) -> str:
+    model = architecture.model
+    layers = f"model.n_layers={model.n_layers}"
+    if model.n_decoder_layers is not None:
+        layers += f", model.n_decoder_layers={model.n_decoder_layers}"
+    return f"model.d_model={model.d_model}, model.d_ff={model.d_ff}, {layers}"
+
+
+def parameters_of(network: Callable[[Architecture], nn.Module], architecture: Architecture) -> int:
+    """The parameters of `network(architecture)` built on the meta device (no memory)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in network(architecture).parameters())
+
+
+def estimated_parameters(
+    network: Callable[[Architecture], nn.Module], architecture: Architecture
+) -> int:
+    """The parameters of `network(architecture)`, from the same network with one and with two
+    layers (each stack's layer costs the difference; parameters that layers share, once)."""
+    model = architecture.model
+
+    def count(encoder: int, decoder: int | None) -> int:
+        shrunk = replace(model, n_layers=encoder, n_decoder_layers=decoder)
+        try:
+            return parameters_of(network, replace(architecture, model=shrunk))
+        except RuntimeError as error:  # a size whose bytes overflow 64 bits
+            if "overflow" not in str(error):
+                raise
+            raise ConfigError(
+                f"{sizes(architecture)} make tensors larger than any machine can index: "
+                "lower model.d_model or model.d_ff"
+            ) from None
+
+    if model.n_decoder_layers is None:  # one count of layers for every stack
+        one = count(1, None)
+        return one + (model.n_layers - 1) * (count(2, None) - one)
+    one = count(1, 1)
+    encoder, decoder = count(2, 1) - one, count(1, 2) - one
+    return one + (model.n_layers - 1) * encoder + (model.n_decoder_layers - 1) * decoder
+
+
+def check_free(needed: int, what: str, fix: str) -> None:
+    """A ConfigError when `needed` bytes exceed what this machine has free: `what` needs
+    them (a phrase naming the settings), `fix` says what to lower."""
+    free = available_bytes()
+    if needed > free:
+        raise ConfigError(
+            f"{what} needs {needed / GIB:,.1f} GiB where this machine has {free / GIB:,.1f} GiB "
+            f"free: {fix}"
+        )
+
+
+def check_fits(
+    network: Callable[[Architecture], nn.Module],
+    architecture: Architecture,
+    bytes_per_parameter: int,
+) -> None:
+    """A ConfigError naming the sizes, when the network's parameters alone need more memory
+    than this machine has free."""
+    parameters = estimated_parameters(network, architecture)
+    use = "training" if bytes_per_parameter == TRAINING_BYTES else "evaluating"
+    check_free(
+        parameters * bytes_per_parameter,
+        f"{sizes(architecture)} make {parameters:,} parameters, and {use} them "
+        f"({bytes_per_parameter} bytes each)",
+        "lower model.d_model, model.d_ff, the layers or the pe's table (pe.max_len)",
+    )

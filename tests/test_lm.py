@@ -339,3 +339,17 @@ def test_validation_samples_need_a_prompt(make_config, tmp_path):
         lm_overrides(tmp_path, "task.system.sample_prompt=''", "task.system.samples=0")
     )
     assert build_system(cfg, build(cfg.task.data)).samples == 0
+
+
+def test_a_text_shorter_than_one_training_window_says_what_it_needs(make_config, tmp_path):
+    from attnlab.runner.train import train
+    from attnlab.settings import ConfigError
+
+    text = tmp_path / "short.txt"
+    text.write_text("short text\n")
+    cfg = make_config(["task=lm", "task.data.source=local", f"task.data.file={text}",
+                       "task.data.tokenizer=char", "model=tiny", "test=false",
+                       f"paths.data_dir={tmp_path / 'cache'}"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"needs at least 257 tokens: one window of "
+                       r"task.data.block_size=256 tokens and the token after it; give"):  # fmt: skip
+        train(cfg)

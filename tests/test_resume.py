@@ -378,3 +378,25 @@ def test_a_run_whose_directory_a_config_replaces_leaves_no_stray_directory(tmp_p
     made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_dir())
     runs = [d for d in made if d.count("/") == 2]
     assert len(runs) == 1 and runs[0].startswith("debug/runs/"), made
+
+
+def test_a_sigterm_while_a_run_sets_up_ends_it_interrupted_with_its_lock_freed(
+    make_config, tmp_path, monkeypatch
+):
+    """Before Lightning's handler exists (the default handler would kill the run with its
+    status left running and its lock held)."""
+    from attnlab.runner import run as runner
+    from attnlab.runner.train import sigterm_stops, train
+
+    building = runner.build_datamodule
+
+    def then_sigterm(cfg):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return building(cfg)
+
+    monkeypatch.setattr(runner, "build_datamodule", then_sigterm)
+    with pytest.raises(SystemExit), sigterm_stops():
+        train(make_config(TINY_EPOCH))
+    assert status.read(tmp_path).state == "interrupted"
+    assert not list(tmp_path.glob("*.lock")), "the lock is freed"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the handler is put back"

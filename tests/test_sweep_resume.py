@@ -239,3 +239,17 @@ def test_a_job_directory_with_a_damaged_record_is_one_sentence(tmp_path):
     result = train_py(f"run_dir={sweep}")
     assert result.returncode == 1
     assert last_line(result).startswith(f"attnlab: {sweep / '0'} did not run the job pe=none")
+
+
+def test_an_interrupted_sweep_job_names_the_command_that_finishes_the_sweep(tmp_path):
+    from helpers import compose_config
+
+    from attnlab.runner.train import interrupted
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    cfg = compose_config(["model=tiny"], sweep / "0")
+    assert interrupted(cfg) == (
+        f"attnlab: interrupted; finish the sweep with: python train.py run_dir={sweep.resolve()}"
+    )

@@ -284,3 +284,22 @@ def test_a_synthetic_tasks_architecture_is_checked_before_its_data_is_drawn(make
     cfg = make_config(["task=copy", "task.arch=bogus", "task.data.train_size=1000000000"])
     with pytest.raises(ConfigError, match=r"task\.arch='bogus' is not one of"):
         train(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "sentence"),
+    [
+        (["task.data.max_len=1"], r"max_len=1 gives the probe one position, one class"),
+        (
+            ["trainer.val_check_interval=100000"],
+            r"val_check_interval=100000 is more than the \d+ training batches of an epoch: give",
+        ),
+    ],
+)
+def test_a_setting_lightning_or_a_metric_would_refuse_is_one_sentence(
+    overrides, sentence, make_config
+):
+    from attnlab.settings import ConfigError
+
+    with pytest.raises(ConfigError, match=sentence):
+        train(make_config(["model=tiny", "trainer.max_epochs=1", *overrides]))

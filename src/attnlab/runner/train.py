@@ -10,9 +10,14 @@ Lightning is imported inside the functions, so `--help` and config errors stay f
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -108,7 +113,7 @@ def fit_and_test(
     metrics: dict[str, float] = {}
     checkpoint = best_checkpoint(trainer)
     if cfg.train:
-        trainer.fit(system, datamodule, ckpt_path=cfg.ckpt_path)
+        fit(trainer, system, datamodule, cfg.ckpt_path)
         # a SIGTERM after fit's last look at it, which trainer.test would forget: the state is
         # saved (on_train_end), and the resumed run tests
         stop = trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False)
@@ -131,6 +136,27 @@ def fit_and_test(
             if isinstance(callback, LatestCheckpoint):
                 callback.drop(trainer)
     return metrics
+
+
+def fit(
+    trainer: L.Trainer, system: System, datamodule: L.LightningDataModule, ckpt_path: str | None
+) -> None:
+    """trainer.fit, with Lightning's refusal of a validation period longer than an epoch
+    said as the setting to change."""
+    try:
+        trainer.fit(system, datamodule, ckpt_path=ckpt_path)
+    except ValueError as error:
+        found = re.search(
+            r"`val_check_interval` \((\d+)\) .* training batches \((\d+)\)", str(error)
+        )
+        if found is None:
+            raise
+        interval, batches = found.groups()
+        raise ConfigError(
+            f"trainer.val_check_interval={interval} is more than the {batches} training batches "
+            f"of an epoch: give at most {batches}, a fraction of an epoch (0.5), or count "
+            "batches across epochs with trainer.check_val_every_n_epoch=null"
+        ) from None
 
 
 def averaged_over_ranks(trainer: L.Trainer, metrics: dict[str, float]) -> dict[str, float]:
@@ -157,7 +183,8 @@ def train_main(cfg: DictConfig) -> float | None:
     register_resolvers()
 
     try:
-        metrics = train(cfg)
+        with sigterm_stops():
+            metrics = train(cfg)
     except SystemExit as exit_:  # Lightning's answer to Ctrl-C (exit 1) and SIGTERM (exit 0)
         raise SystemExit(interrupted(cfg)) from exit_
     except Exception as error:
@@ -192,10 +219,42 @@ def resumable(cfg: DictConfig) -> str | None:
 
 
 def interrupted(cfg: DictConfig) -> str:
+    from attnlab.runner.job import is_sweep_job
+
+    run_dir = Path(cfg.paths.output_dir).resolve()
+    if is_sweep_job(run_dir):  # the sweep goes on from where it stopped, this job included
+        return (
+            f"attnlab: interrupted; finish the sweep with: python train.py run_dir={run_dir.parent}"
+        )
     command = resumable(cfg)
     if command is None:
         return "attnlab: interrupted before its first checkpoint; there is nothing to resume"
     return f"attnlab: interrupted; resume with: {command}"
+
+
+class StopOnSigterm:
+    """SIGTERM where Lightning's handler is not installed (a run setting up, between fit and
+    test, reporting) ends the run as an interrupt: its status says so and its lock is freed
+    (the default would kill it with both left as running). Inside fit, Lightning's handler,
+    which calls this one too, stops the run at the end of the step, and this one does nothing."""
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if signal.getsignal(signal.SIGTERM) is self:
+            raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def sigterm_stops() -> Iterator[None]:
+    """StopOnSigterm installed while the block runs (in the main thread only: a launcher's
+    worker thread cannot set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, StopOnSigterm())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # where Lightning reads a process's rank; read here before Lightning is imported

@@ -330,7 +330,14 @@ class LMDataModule(TaskData):
             hint = {
                 "test": "pass test=false to skip testing (eval.py: split=val), or give "
                 "a test split (test.txt, or three task.data.fractions)",
-            }.get(split, "it is needed")
+                "train": f"one window of task.data.block_size={self.block_size} tokens and "
+                "the token after it; give a longer text, a larger share of it "
+                "(task.data.fractions) or a smaller block_size",
+            }.get(
+                split,
+                "a token and the one after it, to score; give a longer text or a larger share "
+                "of it (valid.txt, or task.data.fractions)",
+            )
             found = f"{len(stream)} tokens" if stream.present else "not found"
             raise ConfigError(
                 f"the {split} split ({self.source.describe(split)}: {found}) needs at least "

@@ -66,6 +66,11 @@ class ProbeDataModule(TaskData):
                 f"probe lengths need 1 <= min_len <= max_len and 1 <= eval_min_len <= eval_max_len; "
                 f"got train [{min_len}, {max_len}], eval [{self.eval_min_len}, {self.eval_max_len}]"
             )
+        if max(max_len, self.eval_max_len) < 2:
+            raise ConfigError(
+                f"task.data.max_len={max_len} gives the probe one position, one class: nothing "
+                "to tell apart; give max_len (or eval_max_len) of at least 2"
+            )
         self.min_len, self.max_len, self.markers = min_len, max_len, markers
         self.train_size, self.batch_size, self.seed = train_size, batch_size, seed
         self.num_workers = num_workers

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -269,3 +270,47 @@ def test_a_sweep_with_a_failing_job_compares_every_job_and_exits_non_zero(tmp_pa
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert cli.returncode == 0 and "| 0 | 0.001 | completed |" in cli.stdout
+
+
+ROWS = [{"step": 1, "val/acc": 0.5}, {"step": 2, "val/acc": 0.6}, {"step": 3, "val/acc": 0.7}]
+
+
+def damage_status(run: Path, text: str) -> None:
+    (run / "status.json").write_text(text)
+
+
+def damage_metrics(run: Path, row: int, value: str) -> None:
+    path = run / "csv" / "metrics.csv"
+    lines = path.read_text().splitlines()
+    cells = lines[row].split(",")
+    cells[-1] = value
+    lines[row] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("damage", "sentence"),
+    [
+        (lambda run: damage_status(run, "{garbage"), r"status.json is not a run's status"),
+        (lambda run: damage_status(run, '{"state": "done"}'), r"status.json is not a run's"),
+        (
+            lambda run: damage_metrics(run, 2, "0.6x"),
+            r"metrics.csv line 3 holds '0.6x' for val/acc, which is not a number",
+        ),
+    ],
+    ids=["status_not_json", "status_edited", "metric_not_a_number"],
+)
+def test_a_damaged_run_file_is_named_and_the_run_listed_as_damaged(damage, sentence, tmp_path):
+    fake_run(tmp_path / "a", ["seed=1"], ROWS)
+    damage(fake_run(tmp_path / "b", ["seed=2"], ROWS))
+    comparison = compare(tmp_path)
+    (damaged,) = [run for run in comparison.every_run if run.damaged]
+    assert damaged.name == "b" and damaged.state == "damaged"
+    assert re.search(rf"- b: \S+{sentence}", comparison.table())
+
+
+def test_a_last_metrics_row_cut_short_is_not_damage(tmp_path):
+    """A run still writing its file may leave its last row half written."""
+    run = fake_run(tmp_path / "a", ["seed=1"], ROWS)
+    damage_metrics(run, 3, "0.")
+    assert not compare(tmp_path).every_run[0].damaged

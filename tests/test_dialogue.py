@@ -186,6 +186,21 @@ def test_every_run_seed_gets_the_same_split_and_tokenizer(tmp_path):
 # --- bad input ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("line", "sentence"),
+    [
+        ("Hi . __eou Hello ! __eou__", r"line 2 has '__eou' inside a turn: a misspelt __eou__"),
+        ("Hi . eou__ Hello ! __eou__", r"line 2 has 'eou__' inside a turn"),
+        ("Hi . __EOU__ Hello ! __eou__", r"line 2 has '__EOU' inside a turn"),
+        ("Hi . __eou__ Hello !", r"line 2 ends with a turn without __eou__ \('Hello !'\)"),
+    ],
+)
+def test_a_misspelt_end_of_turn_is_named_not_merged(line, sentence, tmp_path):
+    path = write_dialogues(tmp_path, "train", [dialogue_line(("a", "b", "c")), line])
+    with pytest.raises(ConfigError, match=rf"{path} {sentence}"):
+        dialogue_data(source="local", dir=str(tmp_path), cache_dir=str(tmp_path / "c"))
+
+
 def test_a_line_without_end_of_turn_names_the_file_and_line(tmp_path):
     path = write_dialogues(tmp_path, "train", [dialogue_line(("a", "b", "c")), "no turns here"])
     with pytest.raises(

@@ -131,24 +131,66 @@ def damaged(state: dict[str, torch.Tensor], how: str) -> dict[str, torch.Tensor]
     return state
 
 
-@pytest.mark.parametrize(
-    ("how", "sentence"),
-    [
-        ("shape", r"the checkpoint's \S+ is \(\d+, \d+\) torch.float32 where the model .* has"),
-        ("dtype", r"is \(\d+, \d+\) torch.float16 where the model .* torch.float32"),
-        ("nan", r"holds NaN or infinite values"),
-        ("missing", r"weights do not fit the model .*: it lacks \S+"),
-        ("extra", r"it holds extra.weight, which the model has not"),
-    ],
-)
-def test_damaged_weights_are_named_in_one_sentence_before_any_text(how, sentence, exported):
+def damage_weights(out, how: str) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    _, out = exported
     with safe_open(out / WEIGHTS, framework="pt") as weights:
         state = {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118
         metadata = weights.metadata()
     save_file(damaged(state, how), out / WEIGHTS, metadata=metadata)
+
+
+def damage_files(out, how: str) -> None:
+    if how == "empty":
+        (out / "tokenizer.chars").write_bytes(b"")
+    elif how == "missing":
+        (out / "tokenizer.chars").unlink()
+    elif how == "unlisted":
+        (out / "tokenizer.model").write_bytes(b"a model")
+    else:
+        config = json.loads((out / CONFIG).read_text())
+        del config["files"]
+        (out / CONFIG).write_text(json.dumps(config))
+
+
+DAMAGED_EXPORTS = {  # id: (damage, what the sentence says)
+    "shape": (damage_weights, r"the checkpoint's \S+ is \(\d+, \d+\) torch.float32 where"),
+    "dtype": (damage_weights, r"is \(\d+, \d+\) torch.float16 where the model .*torch.float32"),
+    "nan": (damage_weights, r"holds NaN or infinite values"),
+    "missing_tensor": (damage_weights, r"weights do not fit the model .*: it lacks \S+"),
+    "extra": (damage_weights, r"it holds extra.weight, which the model has not"),
+    "empty": (damage_files, r"tokenizer.chars is not the file that was exported \(its SHA-256"),
+    "missing": (damage_files, r"tokenizer.chars, which config.json lists, is missing"),
+    "unlisted": (damage_files, r"tokenizer.model is not one of the files config.json lists"),
+    "unrecorded": (damage_files, r"config.json lists no files \(an export of an earlier"),
+}
+
+
+@pytest.mark.parametrize("how", DAMAGED_EXPORTS)
+def test_a_damaged_export_is_one_sentence_before_any_text(how, exported):
+    """Weights checked against the rebuilt model (names, shapes, dtypes, finiteness), and
+    tokenizer files against the SHA-256 that config.json recorded at export."""
+    _, out = exported
+    damage, sentence = DAMAGED_EXPORTS[how]
+    damage(out, how.removesuffix("_tensor"))
     with pytest.raises(SystemExit, match=sentence):
+        main(["generate", f"ckpt_path={out}", "prompt=A"])
+
+
+def test_an_export_into_a_place_it_cannot_write_is_one_sentence(exported, tmp_path):
+    checkpoint, _ = exported
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match=r"cannot write the export into .*a file/out \(.*\)"):
+        main(["export", f"ckpt_path={checkpoint}", f"out={blocker / 'out'}"])
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_an_export_with_an_impossible_setting_is_one_sentence_naming_it(exported):
+    _, out = exported
+    config = json.loads((out / CONFIG).read_text())
+    config["hyper_parameters"]["architecture"]["pe"]["max_len"] = -5
+    (out / CONFIG).write_text(json.dumps(config))
+    with pytest.raises(SystemExit, match=r"max_len=-5 must be a positive integer"):
         main(["generate", f"ckpt_path={out}", "prompt=A"])

@@ -9,6 +9,9 @@
     <dir>/tokenizer.model      a language model's SentencePiece model,
     <dir>/tokenizer.chars      or the characters of its char tokenizer (UTF-8)
 
+config.json lists the tokenizer files with their SHA-256: one missing, changed or not
+listed is refused when the directory is read.
+
 Both read as data only: a checkpoint with `weights_only` (tensors and plain data), a
 directory as JSON, safetensors and SentencePiece bytes, so loading either runs no code.
 Tensors that share memory (tied embeddings) are stored once and named again in the
@@ -20,6 +23,7 @@ either as `ckpt_path`; what either names about the run passes the same allow-lis
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
 import os
@@ -105,7 +109,36 @@ def read_exported(directory: Path) -> dict[str, Any]:
         "hyper_parameters": config["hyper_parameters"],
         RECORD_KEY: config["run"],
     }
+    check_files(directory, config.get("files"))
     return checkpoint | read_tokenizers(directory)
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_files(directory: Path, files: Any) -> None:
+    """A ConfigError unless each tokenizer file that config.json lists (with its SHA-256,
+    recorded at export) is there, unchanged, and no other tokenizer file is."""
+    if not isinstance(files, dict):
+        raise ConfigError(
+            f"{directory / CONFIG} lists no files (an export of an earlier version): export "
+            "the checkpoint again"
+        )
+    known = {SOURCE, TARGET, *TOKENIZER_FILES.values()}
+    for name in sorted(known):
+        path = directory / name
+        if name not in files:
+            if path.exists():
+                raise ConfigError(f"{path} is not one of the files {CONFIG} lists: remove it")
+            continue
+        if not path.is_file():
+            raise ConfigError(f"{path}, which {CONFIG} lists, is missing: export again")
+        if digest(path.read_bytes()) != files[name]:
+            raise ConfigError(
+                f"{path} is not the file that was exported (its SHA-256 differs): it is damaged "
+                "or edited; export again"
+            )
 
 
 def read_tokenizers(directory: Path) -> dict[str, Any]:
@@ -152,37 +185,51 @@ def shared_once(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
 
 def export(ckpt_path: str, out: str) -> list[str]:
     """Write the model of `ckpt_path` into the new directory `out`; the files written."""
-    from safetensors.torch import save_file
-
     if Path(ckpt_path).is_dir():
         raise ConfigError(f"{ckpt_path} is an export already: pass a checkpoint file")
     checkpoint = read_checkpoint(ckpt_path)
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ConfigError(f"out={out} already exists and is not empty: pass a new directory")
+    files = tokenizer_files(checkpoint)
     config = {
         **FORMAT,
         "hyper_parameters": checkpoint.get("hyper_parameters", {}),
         "run": checkpoint[RECORD_KEY],
+        "files": {name: digest(model) for name, model in files.items()},
     }
     try:
         text = json.dumps(config, indent=1, ensure_ascii=False)
     except TypeError as error:  # a value JSON cannot hold: the checkpoint is not train.py's
         raise ConfigError(f"{ckpt_path} holds settings JSON cannot hold ({error})") from None
     partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
-    partial.mkdir(parents=True)
     try:
-        tensors, aliases = shared_once(checkpoint["state_dict"])
-        save_file(tensors, partial / WEIGHTS, metadata={"aliases": json.dumps(aliases)})
-        (partial / CONFIG).write_text(text + "\n", encoding="utf-8")
-        for name, model in tokenizer_files(checkpoint).items():
-            (partial / name).write_bytes(model)
-        if target.exists():
-            target.rmdir()  # empty (checked above)
-        partial.rename(target)
+        write_export(partial, target, checkpoint, text, files)
+    except OSError as error:
+        raise ConfigError(
+            f"cannot write the export into {out} ({error.strerror or error}): pass out= a new "
+            "directory in a place you can write to, with room for the model"
+        ) from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return sorted(path.name for path in target.iterdir())
+
+
+def write_export(
+    partial: Path, target: Path, checkpoint: dict[str, Any], text: str, files: dict[str, bytes]
+) -> None:
+    """Write the export into `partial`, then rename it to `target` (whole or not at all)."""
+    from safetensors.torch import save_file
+
+    partial.mkdir(parents=True)
+    tensors, aliases = shared_once(checkpoint["state_dict"])
+    save_file(tensors, partial / WEIGHTS, metadata={"aliases": json.dumps(aliases)})
+    (partial / CONFIG).write_text(text + "\n", encoding="utf-8")
+    for name, model in files.items():
+        (partial / name).write_bytes(model)
+    if target.exists():
+        target.rmdir()  # empty (checked above)
+    partial.rename(target)
 
 
 def rebuild(system_class: type[S], checkpoint: dict[str, Any], changes: dict[str, Any]) -> S:

@@ -77,8 +77,11 @@ class Comparison:
         return [run for run in self.every_run if run.state not in ("completed", "running")]
 
     def table(self) -> str:
-        """The table, and the note naming the runs that never trained."""
+        """The table, and the notes naming the damaged runs and those that never trained."""
         parts = [markdown_table(self.rows)] if self.rows else []
+        if damaged := [run for run in self.every_run if run.damaged]:
+            lines = [f"Damaged: {len(damaged)} runs whose files cannot all be read"]
+            parts.append("\n".join(lines + [f"- {r.name}: {r.damaged}" for r in damaged]))
         if self.never_trained:
             parts.append(never_trained_note(self.never_trained))
         return "\n\n".join(parts)

@@ -38,6 +38,7 @@ class Run:
     metrics: dict[str, Series]  # numbers only: NaN is left out
     status: RunStatus | None
     nan: frozenset[str] = frozenset()  # metrics whose last logged value is NaN
+    damaged: str = ""  # what of its files cannot be read (a sentence); "" when all can
 
     def setting(self, key: str) -> str | None:
         """A config value, e.g. "optimized_metric" or "task.metric_mode" (None if absent)."""
@@ -55,8 +56,10 @@ class Run:
 
     @property
     def state(self) -> str:
-        """completed, failed, interrupted, running, or unfinished (a run that stopped without
-        recording an end: killed, or older than status files)."""
+        """completed, failed, interrupted, running, unfinished (a run that stopped without
+        recording an end: killed, or older than status files), or damaged (`damaged`)."""
+        if self.damaged:
+            return "damaged"
         if self.status is None:
             return "unfinished"
         if self.status.state == "running" and not self.status.alive():
@@ -132,6 +135,32 @@ def read_logged(path: Path) -> dict[str, Series]:
     return logged
 
 
+def damage(run_dir: Path) -> str:
+    """What of a run's status and metrics files cannot be read, in a sentence ("" if
+    nothing): a status.json that is not a run's status, a metrics row (but a last one, which
+    a run still writing may have cut short) holding a value that is not a number."""
+    if (run_dir / status.FILE).is_file() and status.read(run_dir) is None:
+        return f"{run_dir / status.FILE} is not a run's status"
+    path = run_dir / "csv" / "metrics.csv"
+    if not path.is_file():
+        return ""
+    with path.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    for number, row in enumerate(rows[:-1], 2):
+        for key, value in row.items():
+            if value and not is_number_text(value):
+                return f"{path} line {number} holds {value!r} for {key}, which is not a number"
+    return ""
+
+
+def is_number_text(text: str) -> bool:
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def numbers(logged: dict[str, Series]) -> dict[str, Series]:
     """The logged series without their NaN values; a metric only ever NaN is left out."""
     kept = {key: [(s, v) for s, v in series if not math.isnan(v)] for key, series in logged.items()}
@@ -202,6 +231,7 @@ def read_run(run_dir: Path, root: Path) -> Run:
         metrics=numbers(logged),
         status=status.read(run_dir),
         nan=ending_in_nan(logged),
+        damaged=damage(run_dir),
     )
 
 

@@ -17,7 +17,7 @@ default). `init_std` sets σ explicitly instead.
 from torch import Tensor, nn
 
 from attnlab.pe.base import PositionalEncoding
-from attnlab.settings import ConfigError, is_number
+from attnlab.settings import ConfigError, is_number, require_counts
 from attnlab.shape import StackShape
 
 
@@ -31,6 +31,7 @@ class LearnedPE(PositionalEncoding):
                 f"pe.init_std={init_std!r} must be a positive number, or null for the token "
                 "embeddings' scale"
             )
+        require_counts("pe", max_len=max_len)
         self.max_len = max_len
         self.table = nn.Embedding(max_len, shape.d_model)
         std = shape.embedding_rms if init_std is None else init_std

@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 SOURCES = ("chitchat", "local", "hub")
 SPEAKERS = ("<a>", "<b>")  # the markers of the first and the second speaker
 END_OF_TURN = "__eou__"
+MISSPELT_END = re.compile(r"_+\s*eou|eou\s*_+", re.IGNORECASE)  # __eou, eou__, __EOU__
 Conversation = tuple[str, ...]
 SPLIT_NAMES = {"train": "train", "valid": "validation", "test": "test"}  # as DailyDialog's files
 BEFORE_PUNCTUATION = re.compile(r" (?=[,.!?;:%)])")
@@ -95,7 +96,19 @@ def dailydialog_line(line: str, path: Path, number: int) -> Conversation:
             f"{path} line {number} has no {END_OF_TURN}: a DailyDialog line is one dialogue "
             f"whose turns each end with {END_OF_TURN}; fix or remove the line"
         )
-    return tuple(turn.strip() for turn in line.split(END_OF_TURN))
+    *turns, after = (turn.strip() for turn in line.split(END_OF_TURN))
+    if after:
+        raise ConfigError(
+            f"{path} line {number} ends with a turn without {END_OF_TURN} ({after[:40]!r}): "
+            f"end every turn with {END_OF_TURN}, or remove the text"
+        )
+    for turn in turns:
+        if misspelt := MISSPELT_END.search(turn):
+            raise ConfigError(
+                f"{path} line {number} has {misspelt[0]!r} inside a turn: a misspelt "
+                f"{END_OF_TURN} would merge two turns into one; fix the line"
+            )
+    return (*turns, "")
 
 
 def dailydialog_files(directory: str | None, digests: Path) -> Read:

@@ -115,12 +115,12 @@ def uninterrupted(tmp_path_factory) -> Callable[[str], tuple[Path, float]]:
 
 
 def drawn_delays(seed: int, span: float) -> list[float]:
-    """Two or three kill delays after a checkpoint: the first uniform over the first half of
-    the training that follows the first checkpoint (so that it lands in training, on a busy
+    """Two or three kill delays after a checkpoint: the first uniform over the first quarter
+    of the training that follows the first checkpoint (so that it lands in training, on a busy
     machine too), the others over all of it and a fifth more (the test, the process's end)."""
     draw = random.Random(seed)
     later = [draw.uniform(0, 1.2 * span) for _ in range(draw.choice((1, 2)))]
-    return [draw.uniform(0, 0.5 * span), *later]
+    return [draw.uniform(0, 0.25 * span), *later]
 
 
 @pytest.mark.parametrize("saves", FAST)

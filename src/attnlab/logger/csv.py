@@ -18,18 +18,16 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
-EVALUATION = ("val/", "test/")
-
 
 def done_by(row: dict[str, str], step: int) -> bool:
     """Whether a row records work done by the time `step` optimizer steps were taken.
 
-    Training metrics of a batch are logged with the step count before it (the loss of the
-    first batch at step 0); evaluation metrics with the step count after training (a
-    validation after 8 steps at step 8)."""
-    logged = int(float(row["step"]))
-    evaluation = any(row.get(key) for key in row if key.startswith(EVALUATION))
-    return logged < step or (logged == step and evaluation)
+    Lightning logs with the count of optimizer steps before the batch that logs: a batch's
+    training metrics with the count before its step (the loss of the first batch at step 0),
+    and a validation run after a batch's step, in the training loop (at an epoch's end, at
+    val_check_interval, at the last step), with the count before that step too (a validation
+    after 16 steps at step 15). Test rows are the test's to drop (`drop_tests`)."""
+    return int(float(row["step"])) < step
 
 
 class AppendingWriter(ExperimentWriter):

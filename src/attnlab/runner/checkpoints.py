@@ -204,6 +204,15 @@ class ExactResume(L.Callback):
         self.pending = None
 
 
+def ends_training_or_epoch(trainer: L.Trainer) -> bool:
+    """Whether the batch just trained is its epoch's last or training's (max_steps): a save
+    there would come before the validation that follows, and a run resumed from it, with
+    nothing left to train, would not validate again (its best checkpoint and logged step
+    one validation stale)."""
+    done = 0 <= trainer.max_steps <= trainer.global_step
+    return done or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+
+
 def resume_command(run_dir: Path) -> str:
     return f"python train.py run_dir={run_dir}"
 
@@ -290,6 +299,8 @@ class LatestCheckpoint(Checkpoint):
             self.previous_handler = None
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if ends_training_or_epoch(trainer):  # saved at the epoch's end, after its validation
+            return
         if self.every_n_steps is not None:
             due = trainer.global_step % self.every_n_steps == 0
         else:

@@ -332,3 +332,14 @@ def test_a_continuation_whose_cache_cannot_fit_is_one_sentence_before_decoding(
     path = save_lm_checkpoint(make_config, tmp_path / "rope.ckpt", pe=("pe=rope",))
     with pytest.raises(SystemExit, match=r"to 1,000,000,004 positions keeps a key/value cache"):
         main(["generate", f"ckpt_path={path}", "prompt=First", "max_new_tokens=1000000000"])
+
+
+def test_a_refused_request_prints_no_text_before_its_sentence(checkpoint):
+    from attnlab.commands.generate import print_generated
+    from attnlab.settings import ConfigError
+
+    out = Writes()
+    settings = [f"ckpt_path={checkpoint}", "prompt=First", "max_new_tokens=100000"]
+    with pytest.raises(ConfigError, match="positions"):
+        print_generated(settings, out)
+    assert out.getvalue() == ""

@@ -84,17 +84,26 @@ def check_cache(net: DecoderLM, samples: int, positions: int) -> None:
     )
 
 
-@torch.inference_mode()
 def drawn_tokens(
     net: DecoderLM, prompt: Tensor, max_new_tokens: int, pick: Pick, cache: bool = True
 ) -> Iterator[Tensor]:
-    """The next tokens [N] after each prompt of prompt [N, P], step by step, as drawn."""
+    """The next tokens [N] after each prompt of prompt [N, P], step by step, as drawn; the
+    request is checked here, before the first step is asked for."""
     if prompt.shape[1] == 0:
         raise ConfigError("the prompt is empty: give at least one token of text to continue")
     check_room(net, prompt.shape[1], max_new_tokens)
     positions = prompt.shape[1] + max_new_tokens - 1
-    check_cache(net, prompt.shape[0], positions)
-    state = net.new_cache(positions) if cache else None
+    if cache:
+        check_cache(net, prompt.shape[0], positions)
+    return steps(net, prompt, max_new_tokens, pick, net.new_cache(positions) if cache else None)
+
+
+@torch.inference_mode()
+def steps(
+    net: DecoderLM, prompt: Tensor, max_new_tokens: int, pick: Pick, state: Any
+) -> Iterator[Tensor]:
+    """drawn_tokens' steps: over the key/value cache `state`, or recomputing (None)."""
+    cache = state is not None
     tokens, new = prompt, prompt
     for _ in range(max_new_tokens):
         logits = net(new if cache else tokens, state)[:, -1]
@@ -167,11 +176,17 @@ def streamed(
     config: DecodeConfig,
     cache: bool = True,
 ) -> Iterator[str]:
-    """One continuation of `prompt` (the same text as `continuations`' with one sample), its
+    """One continuation of `prompt` (the tokens of `continuations`' with one sample), its
     text piece by piece as its tokens are drawn: each token's text as it reads after the
-    CONTEXT tokens before it (a SentencePiece word's space)."""
+    CONTEXT tokens before it (a SentencePiece word's space; with a character tokenizer the
+    very text of `continuations`). The request is checked before this returns."""
     ids, count, pick = prepared(net, tokenizer, prompt, count, config)
-    before = ids
-    for chosen in drawn_tokens(net, ids[None], count, pick, cache):
-        yield continuation(tokenizer, before[-CONTEXT:], chosen)
-        before = torch.cat((before[-CONTEXT:], chosen))
+    tokens = drawn_tokens(net, ids[None], count, pick, cache)
+
+    def pieces() -> Iterator[str]:
+        before = ids
+        for chosen in tokens:
+            yield continuation(tokenizer, before[-CONTEXT:], chosen)
+            before = torch.cat((before[-CONTEXT:], chosen))
+
+    return pieces()

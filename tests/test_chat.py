@@ -65,8 +65,10 @@ def test_a_translation_or_probe_checkpoint_is_refused_in_one_sentence(tmp_path):
     from attnlab.stored import RECORD_KEY
 
     path = tmp_path / "probe.ckpt"
-    record = {"overrides": [], "config": {"task": {"name": "probe", "data": {}}}}
-    AtomicCheckpointIO().save_checkpoint({RECORD_KEY: record, "state_dict": {}}, path)
+    config = {"task": {"name": "probe", "data": {}}, "paths": {"root_dir": str(tmp_path)}}
+    record = {"overrides": [], "config": config}
+    checkpoint = {RECORD_KEY: record, "state_dict": {}, "hyper_parameters": {}}
+    AtomicCheckpointIO().save_checkpoint(checkpoint, path)
     with pytest.raises(ConfigError, match="chat needs a dialogue checkpoint"):
         chat([f"ckpt_path={path}"])
 

@@ -230,12 +230,20 @@ def test_out_writes_the_comparison_elsewhere_and_leaves_the_records_untouched(tm
             compare(records, unwritable)
 
 
-def test_a_damaged_run_record_is_one_sentence_naming_its_file(tmp_path):
-    hydra = tmp_path / "run" / ".hydra"
-    hydra.mkdir(parents=True)
-    (hydra / "config.yaml").write_text("model: {d_model: 16\n")  # cut off mid-write
-    with pytest.raises(ConfigError, match=r"config\.yaml is damaged \(.*Error\): restore it"):
-        read_run(tmp_path / "run", tmp_path)
+@pytest.mark.parametrize(
+    ("name", "text", "why"),
+    [
+        ("config.yaml", "model: {d_model: 16\n", r".*Error"),  # cut off mid-write
+        ("config.yaml", "- 1\n", r"it holds list data, not a mapping"),
+        ("overrides.yaml", "a: 1\n", r"it holds dict data, not a list of text"),
+        ("overrides.yaml", "- [seed=1]\n", r"it holds list data, not a list of text"),
+    ],
+)
+def test_a_damaged_run_record_is_one_sentence_naming_its_file(name, text, why, tmp_path):
+    run = fake_run(tmp_path / "run", ["seed=1"], ROWS)
+    (run / ".hydra" / name).write_text(text)
+    with pytest.raises(ConfigError, match=rf"{name} is damaged \({why}\): restore it"):
+        read_run(run, tmp_path)
 
 
 @pytest.mark.slow
@@ -288,18 +296,61 @@ def damage_metrics(run: Path, row: int, value: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.parametrize(
-    ("damage", "sentence"),
-    [
-        (lambda run: damage_status(run, "{garbage"), r"status.json is not a run's status"),
-        (lambda run: damage_status(run, '{"state": "done"}'), r"status.json is not a run's"),
-        (
-            lambda run: damage_metrics(run, 2, "0.6x"),
-            r"metrics.csv line 3 holds '0.6x' for val/acc, which is not a number",
-        ),
-    ],
-    ids=["status_not_json", "status_edited", "metric_not_a_number"],
-)
+def rewrite_metrics(run: Path, edit) -> None:
+    path = run / "csv" / "metrics.csv"
+    path.write_bytes(edit(path.read_bytes()))
+
+
+def edit_status(run: Path, **changes) -> None:
+    path = run / "status.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+DAMAGED_RUN_FILES = {  # id: (damage, what the sentence says)
+    "status_not_json": (
+        lambda run: damage_status(run, "{garbage"),
+        r"status.json cannot be read as JSON",
+    ),
+    "status_not_an_object": (
+        lambda run: damage_status(run, "[1, 2]"),
+        r"status.json is not a JSON object",
+    ),
+    "status_state_edited": (
+        lambda run: damage_status(run, '{"state": "done"}'),
+        r"status.json records the state 'done', not one of running, completed",
+    ),
+    "status_steps_text": (
+        lambda run: edit_status(run, steps="five"),
+        r"status.json records steps='five', not of type int",
+    ),
+    "status_started_a_bool": (
+        lambda run: edit_status(run, started=True),
+        r"status.json records started=True, not of type int",
+    ),
+    "metric_not_a_number": (
+        lambda run: damage_metrics(run, 2, "0.6x"),
+        r"metrics.csv line 3 holds '0.6x' for val/acc, which is not a number",
+    ),
+    "metrics_without_steps": (
+        lambda run: rewrite_metrics(run, lambda data: b"a,b\n1,2\n"),
+        r"metrics.csv has no step column \(its header is 'a,b'\)",
+    ),
+    "metrics_row_too_long": (
+        lambda run: rewrite_metrics(run, lambda data: data.replace(b"0.5", b"0.5,9")),
+        r"metrics.csv line 2 has 5 fields where its header has 4",
+    ),
+    "metrics_cut_after_the_end": (
+        lambda run: rewrite_metrics(run, lambda data: data[:20]),
+        r"metrics.csv ends within a line after its run ended \(it was cut short\)",
+    ),
+    "metrics_not_text": (
+        lambda run: rewrite_metrics(run, lambda data: b"\xff\xfe" + data),
+        r"metrics.csv cannot be read as CSV \(UnicodeDecodeError\)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("damage", "sentence"), DAMAGED_RUN_FILES.values(), ids=DAMAGED_RUN_FILES)
 def test_a_damaged_run_file_is_named_and_the_run_listed_as_damaged(damage, sentence, tmp_path):
     fake_run(tmp_path / "a", ["seed=1"], ROWS)
     damage(fake_run(tmp_path / "b", ["seed=2"], ROWS))

@@ -24,6 +24,7 @@ from attnlab.decoding import (
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder
+from attnlab.settings import ConfigError
 
 VOCAB, BOS, EOS = 23, 2, 3
 
@@ -162,6 +163,23 @@ def test_top_k_never_samples_outside_the_k_likeliest():
     drawn = sampler(log_probs)
     allowed = log_probs.topk(4, -1).indices
     assert (allowed == drawn[:, None]).any(-1).all()
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 2e-38])
+@pytest.mark.parametrize("top_k,top_p", [(5, None), (None, 0.9)])
+def test_a_temperature_near_zero_draws_the_likeliest_token(temperature, top_k, top_p):
+    # log p / T overflows float32 to -inf for every token once T < |log p_max| / 3.4e38,
+    # here |log p_max| ≈ log 100,000
+    noise = torch.randn(16, 100_000, generator=torch.Generator().manual_seed(2))
+    log_probs = (noise / 10).log_softmax(-1)
+    sampler = Sampler(torch.Generator().manual_seed(1), temperature, top_k, top_p)
+    assert torch.equal(sampler(log_probs), log_probs.argmax(-1))
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-300])
+def test_a_temperature_below_float32s_range_is_refused_in_one_sentence(temperature):
+    with pytest.raises(ConfigError, match=r"decode.temperature=.*decode.strategy=greedy"):
+        DecodeConfig(**decode_node(temperature=temperature))
 
 
 def test_sampling_is_reproducible_with_its_seed():

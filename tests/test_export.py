@@ -194,3 +194,57 @@ def test_an_export_with_an_impossible_setting_is_one_sentence_naming_it(exported
     (out / CONFIG).write_text(json.dumps(config))
     with pytest.raises(SystemExit, match=r"max_len=-5 must be a positive integer"):
         main(["generate", f"ckpt_path={out}", "prompt=A"])
+
+
+DAMAGED_RECORDS = {  # id: (edit of the checkpoint, what the sentence says)
+    "no_overrides": (lambda c: c["attnlab"].pop("overrides"), r"attnlab.overrides is missing"),
+    "no_config": (lambda c: c["attnlab"].pop("config"), r"attnlab.config is missing"),
+    "no_hyperparameters": (lambda c: c.pop("hyper_parameters"), r"hyper_parameters is missing"),
+    "overrides_a_number": (
+        lambda c: c["attnlab"].update(overrides=5),
+        r"attnlab.overrides is int, not list",
+    ),
+    "overrides_not_text": (
+        lambda c: c["attnlab"].update(overrides=[["model=tiny"]]),
+        r"attnlab.overrides holds something other than text",
+    ),
+    "config_a_list": (lambda c: c["attnlab"].update(config=[1]), r"attnlab.config is list"),
+    "no_task_name": (
+        lambda c: c["attnlab"]["config"]["task"].pop("name"),
+        r"attnlab.config.task.name is missing",
+    ),
+    "no_root_dir": (
+        lambda c: c["attnlab"]["config"]["paths"].pop("root_dir"),
+        r"attnlab.config.paths.root_dir is missing",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", DAMAGED_RECORDS)
+def test_a_checkpoint_with_a_damaged_run_record_is_one_sentence_naming_the_entry(
+    how, exported, tmp_path
+):
+    checkpoint, out = exported
+    edit, sentence = DAMAGED_RECORDS[how]
+    stored = torch.load(checkpoint, weights_only=True)
+    edit(stored)
+    torch.save(stored, tmp_path / "edited.ckpt")
+    with pytest.raises(SystemExit, match=rf"edited.ckpt's entry {sentence}.* damaged or edited"):
+        main(["generate", f"ckpt_path={tmp_path / 'edited.ckpt'}", "prompt=A"])
+    config = json.loads((out / CONFIG).read_text())
+    as_checkpoint = {
+        "hyper_parameters": config.pop("hyper_parameters"),
+        "attnlab": config.pop("run"),
+    }
+    edit(as_checkpoint)
+    config |= {
+        "hyper_parameters": as_checkpoint.get("hyper_parameters"),
+        "run": as_checkpoint["attnlab"],
+    }
+    (out / CONFIG).write_text(json.dumps(config))
+    if how == "no_hyperparameters":  # an export's form is checked first
+        sentence = r"config.json is not the config of an attnlab 1 export"
+    else:
+        sentence = rf"export's entry {sentence}.* damaged or edited"
+    with pytest.raises(SystemExit, match=sentence):
+        main(["generate", f"ckpt_path={out}", "prompt=A"])

@@ -200,8 +200,9 @@ def test_generate_continues_a_prompt_with_a_checkpoint_train_py_wrote(tmp_path):
 
 
 def other_task_checkpoint(path: Path) -> Path:
-    record = {"overrides": ["task=probe"], "config": {"task": {"name": "probe"}}}
-    torch.save({RECORD_KEY: record, "state_dict": {}}, path)
+    config = {"task": {"name": "probe"}, "paths": {"root_dir": str(path.parent)}}
+    record = {"overrides": ["task=probe"], "config": config}
+    torch.save({RECORD_KEY: record, "state_dict": {}, "hyper_parameters": {}}, path)
     return path
 
 

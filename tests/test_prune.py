@@ -77,6 +77,14 @@ def test_prune_frees_finished_runs_and_leaves_the_others_whole(make_config, tmp_
     assert {"state_dict", RECORD_KEY} <= keys(best)
     assert (sweep / "1" / "checkpoints" / "last.ckpt").is_file(), "an interrupted run resumes"
     assert prune(sweep).files == 0, "a second prune finds nothing left"
+    shutil.copytree(tmp_path, sweep / "2")
+    (sweep / "2" / "status.json").write_text('{"state": "completed", "started": "noon"}')
+    attnlab(["prune", str(sweep)])
+    assert (
+        f"left whole, as its status cannot be read: {sweep / '2' / 'status.json'} records "
+        "started='noon', not of type int"
+    ) in capsys.readouterr().out
+    assert (sweep / "2" / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_prune_keeps_last_ckpt_where_it_holds_the_only_weights(make_config, tmp_path):

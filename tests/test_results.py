@@ -175,6 +175,19 @@ def test_archive_copies_each_runs_record_and_no_checkpoint(tmp_path):
         archive(sweep, tmp_path / "records")
     with pytest.raises(ConfigError, match="holds no runs"):
         archive(tmp_path / "records" / "0" / "csv", tmp_path / "elsewhere")
+    (sweep / "1" / "status.json").write_text("{")
+    with pytest.raises(ConfigError, match=r"1/status.json cannot be read as JSON: restore it"):
+        archive(sweep, tmp_path / "elsewhere")
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_study_with_a_damaged_record_is_not_computed(tmp_path):
+    run = fake_run(tmp_path / "docs" / "results" / "runs" / "p" / "0", ["seed=0"], [])
+    (run / "status.json").write_text('{"state": "completed", "started": 1, "params": "many"}')
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("<!-- results:p probe -->\n<!-- /results:p -->\n")
+    with pytest.raises(ConfigError, match=r"params='many', not of type int: RESULTS.md's p is"):
+        regenerate(results_md)
 
 
 def test_runs_that_differ_only_in_their_seed_form_one_configuration(tmp_path):

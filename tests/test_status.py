@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -151,3 +152,14 @@ def test_a_lock_file_that_is_not_a_lock_is_one_sentence(tmp_path):
     with pytest.raises(ConfigError, match=not_a_lock), status.tracking(tmp_path):
         pass
     assert not (tmp_path / status.FILE).exists()
+
+
+def test_every_field_of_a_status_is_checked_when_read_back(tmp_path):
+    assert set(status.FORM) == {f.name for f in dataclasses.fields(status.RunStatus)}
+    written = status.RunStatus("failed", 1.5, ended=2.0, steps=3, params=4, error="E: x")
+    written.write(tmp_path)
+    assert status.read(tmp_path) == written and status.damage(tmp_path) == ""
+    for name in status.FORM:  # a list is of no field's type
+        (tmp_path / status.FILE).write_text(json.dumps(dataclasses.asdict(written) | {name: [1]}))
+        assert status.read(tmp_path) is None
+        assert status.damage(tmp_path).startswith(f"{tmp_path / status.FILE} records"), name

@@ -241,6 +241,19 @@ def test_a_job_directory_with_a_damaged_record_is_one_sentence(tmp_path):
     assert last_line(result).startswith(f"attnlab: {sweep / '0'} did not run the job pe=none")
 
 
+def test_a_job_with_a_damaged_status_is_one_sentence_and_no_job_runs(tmp_path):
+    sweep = fake_sweep(tmp_path / "s", BASIC, ["model=tiny"])
+    (sweep / "1").mkdir()
+    (sweep / "1" / "status.json").write_text('{"state": "completed", "started": 1, "steps": [3]}')
+    result = train_py(f"run_dir={sweep}")
+    assert result.returncode == 1
+    assert last_line(result) == (
+        f"attnlab: {sweep / '1' / 'status.json'} records steps=[3], not of type int: restore "
+        "it, or delete its job's directory to run the job afresh, then resume again"
+    )
+    assert not (sweep / "0").exists()
+
+
 def test_an_interrupted_sweep_job_names_the_command_that_finishes_the_sweep(tmp_path):
     from helpers import compose_config
 

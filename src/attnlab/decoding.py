@@ -29,6 +29,7 @@ from attnlab.settings import ConfigError, is_number, require_counts
 
 STRATEGIES = ("greedy", "beam", "top_k", "nucleus")
 CHECK_EVERY = 8  # steps between asking the device whether every sentence is done
+LEAST_TEMPERATURE = torch.finfo(torch.float32).tiny  # 0/T is still 0 in float32 above it
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,12 @@ class DecodeConfig:
             raise ConfigError(f"decode.top_p={self.top_p!r} must be a probability in (0, 1]")
         if not (is_number(self.temperature) and self.temperature > 0):
             raise ConfigError(f"decode.temperature={self.temperature!r} must be a positive number")
+        if self.temperature < LEAST_TEMPERATURE:
+            raise ConfigError(
+                f"decode.temperature={self.temperature!r} is below float32's smallest normal "
+                f"number ({LEAST_TEMPERATURE:.3g}), where the scaled logits are undefined; "
+                "for the limit of a temperature near 0 use decode.strategy=greedy"
+            )
         for name in ("length_penalty", "max_len_a"):
             value = getattr(self, name)
             if not (is_number(value) and value >= 0):
@@ -181,7 +188,10 @@ class Sampler:
     top_p: float | None = None
 
     def __call__(self, log_probs: Tensor) -> Tensor:
-        logits = sampling_filter(log_probs / self.temperature, self.top_k, self.top_p)
+        # the likeliest token at 0 before dividing: the others may reach -inf at a small
+        # temperature, but never all of them (softmax is unchanged by the shift)
+        shifted = log_probs - log_probs.amax(-1, keepdim=True)
+        logits = sampling_filter(shifted / self.temperature, self.top_k, self.top_p)
         return torch.multinomial(logits.softmax(-1), 1, generator=self.generator)[:, 0]
 
 

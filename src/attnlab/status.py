@@ -16,7 +16,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from attnlab import lock
@@ -70,6 +70,22 @@ class RunStatus:
             self.traceback = "".join(traceback.format_exception(error))
 
 
+NUMBER, NONE = (int, float), type(None)
+FORM = {  # RunStatus's fields and the JSON types each is read from (a bool is not a number)
+    "state": (str,),
+    "started": NUMBER,
+    "ended": (*NUMBER, NONE),
+    "earlier": NUMBER,
+    "steps": (int, NONE),
+    "params": (int, NONE),
+    "device": (str, NONE),
+    "error": (str, NONE),
+    "traceback": (str, NONE),
+    "pid": (int,),
+    "host": (str,),
+}
+
+
 def holds_run(directory: Path) -> bool:
     """Whether train.py wrote a run into `directory`: its status, or Hydra's record of it."""
     return (directory / FILE).is_file() or (directory / ".hydra").is_dir()
@@ -85,17 +101,47 @@ def last_written(run_dir: Path, default: float) -> float:
 def read(run_dir: Path) -> RunStatus | None:
     """The status a run recorded; None where it recorded none (or not in this format). A run
     whose process died without recording its end gets the time it last wrote as its end."""
-    try:
-        data = json.loads((run_dir / FILE).read_text())
-    except (OSError, ValueError):
+    data = load(run_dir)
+    if not isinstance(data, dict) or flaw(data):
         return None
-    known = {f.name for f in fields(RunStatus)}
-    if not isinstance(data, dict) or data.get("state") not in STATES or "started" not in data:
-        return None
-    found = RunStatus(**{k: v for k, v in data.items() if k in known})
+    found = RunStatus(**{k: v for k, v in data.items() if k in FORM})
     if found.ended is None and not found.alive():
         found.ended = last_written(run_dir, default=found.started)
     return found
+
+
+def load(run_dir: Path) -> object:
+    """The data of a run's status file; None where it has none or it is not JSON."""
+    try:
+        return json.loads((run_dir / FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def flaw(data: object) -> str:
+    """What makes `data` something other than a run's status, in words ("" if nothing)."""
+    if not isinstance(data, dict):
+        return "is not a JSON object"
+    if data.get("state") not in STATES:
+        return f"records the state {data.get('state')!r}, not one of {', '.join(STATES)}"
+    if "started" not in data:
+        return "records no start"
+    wrong = [k for k, kinds in FORM.items() if k in data and type(data[k]) not in kinds]
+    return (
+        f"records {wrong[0]}={data[wrong[0]]!r}, not of type {FORM[wrong[0]][0].__name__}"
+        if wrong
+        else ""
+    )
+
+
+def damage(run_dir: Path) -> str:
+    """A sentence naming what is wrong with the run's status file ("" when it has none, or a
+    good one)."""
+    if not (run_dir / FILE).is_file():
+        return ""
+    data = load(run_dir)
+    why = "cannot be read as JSON" if data is None else flaw(data)
+    return f"{run_dir / FILE} {why}" if why else ""
 
 
 class Tracker:

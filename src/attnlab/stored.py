@@ -69,7 +69,41 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         ) from None
     if not isinstance(checkpoint, dict) or RECORD_KEY not in checkpoint:
         raise ConfigError(f"{text} holds no attnlab run record: was it written by train.py?")
+    check_record(checkpoint, text)
     return checkpoint
+
+
+# what every checkpoint and export holds, and what of it is read back: (keys, type)
+RECORD_FORM = (
+    (("hyper_parameters",), dict),
+    ((RECORD_KEY, "overrides"), list),
+    ((RECORD_KEY, "config"), dict),
+    ((RECORD_KEY, "config", "task"), dict),
+    ((RECORD_KEY, "config", "task", "name"), str),
+    ((RECORD_KEY, "config", "paths", "root_dir"), str),
+)
+
+
+def check_record(checkpoint: dict[str, Any], where: str) -> None:
+    """Refuse a checkpoint whose hyperparameters or run record (overrides and config) lack an
+    entry, or hold one of another type, in one sentence naming the entry."""
+    for keys, kind in RECORD_FORM:
+        node: Any = checkpoint
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, kind):
+            found = (
+                "is missing" if node is None else f"is {type(node).__name__}, not {kind.__name__}"
+            )
+            raise ConfigError(
+                f"{where}'s entry {'.'.join(keys)} {found}: the file "
+                "was damaged or edited; use the checkpoint train.py wrote, or export it again"
+            )
+    if not all(isinstance(o, str) for o in checkpoint[RECORD_KEY]["overrides"]):
+        raise ConfigError(
+            f"{where}'s entry {RECORD_KEY}.overrides holds something other than text: the file "
+            "was damaged or edited; use the checkpoint train.py wrote, or export it again"
+        )
 
 
 def read_exported(directory: Path) -> dict[str, Any]:
@@ -109,6 +143,7 @@ def read_exported(directory: Path) -> dict[str, Any]:
         "hyper_parameters": config["hyper_parameters"],
         RECORD_KEY: config["run"],
     }
+    check_record(checkpoint, str(directory))
     check_files(directory, config.get("files"))
     return checkpoint | read_tokenizers(directory)
 

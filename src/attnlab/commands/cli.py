@@ -192,6 +192,8 @@ def print_pruned(directory: Path) -> None:
         f"{pruned.runs} finished runs below {directory}: removed or rewrote {pruned.files} "
         f"checkpoints, freed {pruned.freed / 2**20:,.1f} MiB"
     )
+    for why in pruned.damaged:
+        print(f"left whole, as its status cannot be read: {why}")
 
 
 def update_results(path: Path, check: bool) -> None:

@@ -6,12 +6,13 @@ checkpoint holds its weights, and a best
 checkpoint (`epoch_NNN.ckpt`) written before best checkpoints held the weights only is
 rewritten without its optimizer, scheduler and callback states (the weights, tokenizers and
 the run's record, which evaluation reads, stay). A run that is running, failed or was
-interrupted is left whole: it may be resumed. Nothing else is touched.
+interrupted is left whole: it may be resumed, and so is a run whose status.json cannot be
+read (each is named). Nothing else is touched.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab import status
@@ -27,6 +28,7 @@ class Pruned:
     runs: int = 0  # completed runs looked at
     files: int = 0  # files removed or rewritten
     freed: int = 0  # bytes
+    damaged: list[str] = field(default_factory=list)  # runs left whole: why each status is unread
 
 
 def prune_run(run: Path, pruned: Pruned) -> None:
@@ -55,4 +57,6 @@ def prune(directory: Path) -> Pruned:
         record = status.read(found.parent)
         if record is not None and record.state == "completed":
             prune_run(found.parent, pruned)
+        elif record is None:
+            pruned.damaged.append(status.damage(found.parent))
     return pruned

@@ -105,6 +105,8 @@ def archive(sweep: Path, destination: Path) -> int:
         raise ConfigError(f"{sweep} holds no runs (no .hydra/config.yaml below it)")
     if destination.exists():
         raise ConfigError(f"{destination} exists: remove it first, or archive to a new directory")
+    if damaged := [run.damaged for run in find_runs(sweep) if run.damaged]:
+        raise ConfigError(f"{damaged[0]}: restore it, or move its run out of {sweep} to archive")
     for run in runs:
         for name in RECORD:
             if (run / name).is_file():
@@ -338,6 +340,11 @@ def block(
     runs = find_runs(records) if records.is_dir() else []
     if not runs:
         raise ConfigError(f"no run records for {study} in {records}: run `attnlab archive`")
+    if damaged := [run.damaged for run in runs if run.damaged]:
+        raise ConfigError(
+            f"{damaged[0]}: RESULTS.md's {study} is computed from intact records only; restore "
+            "the file (git checkout docs/results) or archive the study again"
+        )
     tasks, reads = {run.setting("task.name") for run in runs}, KINDS[kind].task
     if reads is not None and tasks != {reads}:
         raise ConfigError(

@@ -13,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +22,8 @@ from omegaconf._utils import get_yaml_loader
 from attnlab import status
 from attnlab.settings import ConfigError
 from attnlab.status import RunStatus
+
+T = TypeVar("T", list, dict)
 
 BY_POSITION = re.compile(r"(?P<stage>\w+)/acc_pos/(?P<position>\d+)")
 Series = list[tuple[int, float]]  # (step, value)
@@ -117,7 +120,7 @@ def read_logged(path: Path) -> dict[str, Series]:
     its file may leave a last row cut short, which is skipped."""
     logged: dict[str, Series] = {}
     try:
-        with path.open(newline="") as file:
+        with path.open(newline="", encoding="utf-8") as file:
             for row in csv.DictReader(file):
                 step = row.get("step")
                 if not step:
@@ -130,27 +133,43 @@ def read_logged(path: Path) -> dict[str, Series]:
                     except ValueError:
                         continue
                     logged.setdefault(key, []).append((int(float(step)), number))
-    except FileNotFoundError:
-        pass
+    except (FileNotFoundError, csv.Error, UnicodeDecodeError):
+        pass  # no metrics, or what could be read of them (`damage` names what is wrong)
     return logged
 
 
 def damage(run_dir: Path) -> str:
     """What of a run's status and metrics files cannot be read, in a sentence ("" if
-    nothing): a status.json that is not a run's status, a metrics row (but a last one, which
-    a run still writing may have cut short) holding a value that is not a number."""
-    if (run_dir / status.FILE).is_file() and status.read(run_dir) is None:
-        return f"{run_dir / status.FILE} is not a run's status"
+    nothing): a status.json that is not a run's status; a metrics file without a step
+    column, cut within a line after its run ended, or with a row (but a last one, which a run still writing may have cut short) with
+    another number of fields than its header or a value that is not a number."""
+    if found := status.damage(run_dir):
+        return found
     path = run_dir / "csv" / "metrics.csv"
     if not path.is_file():
         return ""
-    with path.open(newline="") as file:
-        rows = list(csv.DictReader(file))
+    try:
+        with path.open(newline="", encoding="utf-8") as file:
+            header, *rows = list(csv.reader(file)) or [["step"]]
+    except (csv.Error, UnicodeDecodeError) as error:
+        return f"{path} cannot be read as CSV ({type(error).__name__})"
+    if ended(run_dir) and not path.read_bytes().endswith(b"\n"):
+        return f"{path} ends within a line after its run ended (it was cut short)"
+    if "step" not in header:
+        return f"{path} has no step column (its header is {','.join(header)[:80]!r})"
     for number, row in enumerate(rows[:-1], 2):
-        for key, value in row.items():
+        if len(row) != len(header):
+            return f"{path} line {number} has {len(row)} fields where its header has {len(header)}"
+        for key, value in zip(header, row, strict=True):
             if value and not is_number_text(value):
                 return f"{path} line {number} holds {value!r} for {key}, which is not a number"
     return ""
+
+
+def ended(run_dir: Path) -> bool:
+    """Whether the run recorded its end (completed, failed or interrupted)."""
+    found = status.read(run_dir)
+    return found is not None and found.state != "running"
 
 
 def is_number_text(text: str) -> bool:
@@ -181,16 +200,24 @@ class RunFileLoader(yaml.CSafeLoader):
     yaml_implicit_resolvers = get_yaml_loader().yaml_implicit_resolvers
 
 
-def load_yaml(path: Path) -> object:
-    """A run file's data, or a ConfigError naming the file where it is not YAML."""
+EXPECTED = {list: "a list of text", dict: "a mapping"}
+
+
+def load_yaml(path: Path, kind: type[T]) -> T:
+    """A run file's data, or a ConfigError naming the file where it is not YAML, or not data
+    of `kind` (overrides a list of text, a config a mapping)."""
     try:
         with path.open(encoding="utf-8") as file:
-            return yaml.load(file, Loader=RunFileLoader)  # a safe loader: plain data only
+            data = yaml.load(file, Loader=RunFileLoader)  # a safe loader: plain data only
     except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise ConfigError(
-            f"{path} is damaged ({type(error).__name__}): restore it, or move its run out of "
-            "the directory compared"
-        ) from None
+        why = type(error).__name__
+    else:
+        if isinstance(data, kind) and (kind is not list or all(isinstance(x, str) for x in data)):
+            return data
+        why = f"it holds {type(data).__name__} data, not {EXPECTED[kind]}"
+    raise ConfigError(
+        f"{path} is damaged ({why}): restore it, or move its run out of the directory read"
+    )
 
 
 RESOLVER_CALL = re.compile(r"\$\{\s*[\w.-]+\s*:")  # ${oc.env:X}, ${unique:...}: code, not data
@@ -218,7 +245,7 @@ def read_run(run_dir: Path, root: Path) -> Run:
     hydra_dir = run_dir / ".hydra"
     logged = read_logged(run_dir / "csv" / "metrics.csv")
     overrides_file = hydra_dir / "overrides.yaml"
-    overrides = load_yaml(overrides_file) if overrides_file.is_file() else []
+    overrides = load_yaml(overrides_file, list) if overrides_file.is_file() else []
     return Run(
         path=run_dir,
         name=str(run_dir.relative_to(root)) if run_dir != root else run_dir.name,
@@ -227,7 +254,7 @@ def read_run(run_dir: Path, root: Path) -> Run:
             for key, value in map(parse_override, map(str, overrides))
             if not HOW_STARTED.fullmatch(key)
         },
-        config=literal_config(load_yaml(hydra_dir / "config.yaml")),
+        config=literal_config(load_yaml(hydra_dir / "config.yaml", dict)),
         metrics=numbers(logged),
         status=status.read(run_dir),
         nan=ending_in_nan(logged),

@@ -148,6 +148,11 @@ def finish_sweep(sweep: Path, extra: list[str]) -> int:
     numbered = {d.name for d in sweep.iterdir() if d.is_dir() and d.name.isdigit()}
     if strays := sorted(numbered - {str(n) for n in range(len(jobs))}, key=int):
         raise ConfigError(f"{sweep} lists {len(jobs)} jobs but holds job directories {strays}")
+    if damaged := [why for n in range(len(jobs)) if (why := status.damage(sweep / str(n)))]:
+        raise ConfigError(
+            f"{damaged[0]}: restore it, or delete its job's directory to run the job afresh, "
+            "then resume again"
+        )
     records = {n: status.read(sweep / str(n)) for n in range(len(jobs))}
     running = [(n, r) for n, r in records.items() if r and r.state == "running" and r.alive()]
     if running:

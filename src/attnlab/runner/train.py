@@ -66,7 +66,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     output_dir = run.resolve_output_dir(cfg)
     resuming = cfg.ckpt_path is not None and run_directory(Path(cfg.ckpt_path)) == Path(output_dir)
     first = rank_zero_only.rank == 0  # the process that writes the run's files
-    if first and not resuming and status.read(Path(output_dir)) is not None:
+    if first and not resuming and (Path(output_dir) / status.FILE).is_file():
         raise holds_a_run(output_dir)  # main() refuses it first, where the command line says
     if cfg.extras.print_config:
         run.print_config(cfg)

@@ -18,6 +18,8 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
+from attnlab.logger.storage import writable_directory
+
 
 def done_by(row: dict[str, str], step: int) -> bool:
     """Whether a row records work done by the time `step` optimizer steps were taken.
@@ -51,6 +53,10 @@ class AppendingWriter(ExperimentWriter):
 
 
 class CSVLogger(LightningCSVLogger):
+    def __init__(self, save_dir: str, name: str, version: str) -> None:
+        writable_directory(save_dir, "logger.csv.save_dir")
+        super().__init__(save_dir=save_dir, name=name, version=version)
+
     @property
     @rank_zero_experiment
     def experiment(self) -> AppendingWriter:

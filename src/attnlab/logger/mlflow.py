@@ -6,11 +6,10 @@ parameters."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 
 from attnlab.logger.naming import RunLabels
+from attnlab.logger.storage import writable_database
 
 
 class MLflowLogger(LightningMLFlowLogger):
@@ -18,10 +17,11 @@ class MLflowLogger(LightningMLFlowLogger):
         self, database: str, group: str | None, name: str | None, job_type: str, tags: list[str]
     ) -> None:
         run = RunLabels(group, name, job_type, tags)
+        store = writable_database(database, "logger.mlflow.database")
         super().__init__(
             experiment_name=run.run_group or "attnlab",
             run_name=run.run_name,
-            tracking_uri=f"sqlite:///{Path(database).resolve()}",
+            tracking_uri=f"sqlite:///{store}",
             # a tag is a key and a value: pe=rope as pe: rope, a plain tag with no value
             tags={key: value for key, _, value in (tag.partition("=") for tag in run.all_tags)},
         )

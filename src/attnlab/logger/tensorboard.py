@@ -10,12 +10,14 @@ from typing import Any
 from lightning.pytorch.loggers import TensorBoardLogger as LightningTensorBoardLogger
 
 from attnlab.logger.naming import RunLabels
+from attnlab.logger.storage import writable_directory
 
 
 class TensorBoardLogger(LightningTensorBoardLogger):
     def __init__(
         self, save_dir: str, group: str | None, name: str | None, job_type: str, tags: list[str]
     ) -> None:
+        writable_directory(save_dir, "logger.tensorboard.save_dir")
         super().__init__(save_dir=save_dir, name="tensorboard", version="", default_hp_metric=False)
         run = RunLabels(group, name, job_type, tags)
         self.run = {"name": run.run_name or "", "group": run.run_group or "", "tags": run.all_tags}

@@ -33,6 +33,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.logger.naming import RunLabels
+from attnlab.logger.storage import writable_directory
 from attnlab.settings import ConfigError
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class WandbLogger(LightningWandbLogger):
                 f"logger.wandb.mode=online, but {reason}: log offline (logger.wandb.mode=offline) "
                 "and upload later with `wandb sync <run dir>/wandb/offline-run-*`"
             )
+        writable_directory(save_dir, "logger.wandb.save_dir")
         self.mode, self.metric, self.metric_mode = mode, metric, metric_mode
         run = RunLabels(group, name, job_type, tags)
         super().__init__(

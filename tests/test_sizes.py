@@ -66,9 +66,34 @@ def test_an_export_too_large_to_load_is_one_sentence(key, value, sentence, expor
         main(["generate", f"ckpt_path={out}", "prompt=A"])
 
 
-def test_evaluation_sets_too_large_to_make_are_one_sentence_before_any_is_made(make_config):
-    cfg = make_config(
-        ["experiment=length_generalization", "task=copy", "task.data.train_max_len=1000000000"]
-    )
-    with pytest.raises(ConfigError, match=r"train_max_len=1000000000, .* symbols, which needs"):
-        run.build_datamodule(cfg)
+DATA_OVERSIZED = [  # (overrides, what the sentence names)
+    (
+        ["experiment=length_generalization", "task=copy", "task.data.train_max_len=1000000000"],
+        r"train_max_len=1000000000, .* symbols, which needs",
+    ),
+    (["task.data.train_size=10000000000"], r"train_size=10000000000 and the lengths .* needs"),
+    (["task.data.max_len=100000000"], r"\(max_len=100000000, eval_max_len=100000000\) make"),
+    (["task.data.eval_max_len=3000000"], r"eval_max_len=3000000\) make probe sets of 3,"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "sentence"), DATA_OVERSIZED)
+def test_data_sets_too_large_to_make_are_one_sentence_before_any_is_made(
+    overrides, sentence, make_config
+):
+    with pytest.raises(ConfigError, match=sentence):
+        run.build_datamodule(make_config(overrides))
+
+
+@pytest.mark.parametrize("markers", [False, True])
+def test_the_probes_estimate_counts_the_sequences_and_positions_it_makes(markers, make_config):
+    data = run.build_datamodule(
+        make_config([f"task.markers={str(markers).lower()}", "task.data.min_len=3",
+                     "task.data.max_len=9", "task.data.eval_max_len=20", "task.data.train_size=500"])
+    )  # fmt: skip
+    data.setup()
+    made = [*data.train_set, *data.val_set, *data.test_set]
+    sequences, positions = data.extent()
+    assert sequences == len(made)
+    trained = sum(len(tokens) for tokens, _ in data.train_set)  # drawn: near its mean
+    assert positions - sum(len(tokens) for tokens, _ in made) == pytest.approx(0, abs=trained / 20)

@@ -90,8 +90,9 @@ def test_a_multirun_writes_every_job_into_one_sweep_directory(tmp_path):
     (sweep,) = (tmp_path / "probe" / "multiruns").iterdir()
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
     assert jobs == ["0", "1", "2", "3"]
-    for job in jobs:
-        assert (sweep / job / "checkpoints" / "last.ckpt").is_file()
+    for job in jobs:  # a finished job keeps its best weights, not the state to resume
+        assert any((sweep / job / "checkpoints").glob("epoch_*.ckpt"))
+        assert not (sweep / job / "checkpoints" / "last.ckpt").exists()
         assert "── norm" in (sweep / job / "config_tree.log").read_text()  # every job keeps it
     choices = {(sweep / job / ".hydra" / "overrides.yaml").read_text() for job in jobs}
     assert len(choices) == 4

@@ -20,9 +20,12 @@ from torch.utils.data import DataLoader
 
 from attnlab.data.loader import ResumableLoader, ResumableSampler
 from attnlab.data.task import IGNORE, TaggedBatch, TaskData
+from attnlab.memory import check_free
 from attnlab.settings import ConfigError, require_counts
 
 PAD, ZERO, CLS, SEP = 0, 1, 2, 3
+EXAMPLE_BYTES = 1024  # a tuple of two tensors, measured as resident memory
+POSITION_BYTES = 16  # a token and a target, int64 each
 
 
 def probe_example(length: int, markers: bool) -> tuple[Tensor, Tensor]:
@@ -73,7 +76,26 @@ class ProbeDataModule(TaskData):
             )
         self.min_len, self.max_len, self.markers = min_len, max_len, markers
         self.train_size, self.batch_size, self.seed = train_size, batch_size, seed
+        examples, positions = self.extent()
+        check_free(
+            examples * EXAMPLE_BYTES + positions * POSITION_BYTES,
+            f"task.data.train_size={train_size} and the lengths (max_len={max_len}, "
+            f"eval_max_len={self.eval_max_len}) make probe sets of {examples:,} sequences and "
+            f"{positions:,} positions, which",
+            "lower train_size or the lengths",
+        )
         self.num_workers = num_workers
+
+    def extent(self) -> tuple[int, int]:
+        """The sequences the three sets hold, and their positions (training's on average)."""
+        lengths = (self.max_len - self.min_len + 1, self.eval_max_len - self.eval_min_len + 1)
+        evaluated = sum(n * (first + last) // 2 for n, first, last in (
+            (lengths[0], self.min_len, self.max_len),
+            (lengths[1], self.eval_min_len, self.eval_max_len),
+        ))  # fmt: skip
+        trained = self.train_size * (self.min_len + self.max_len) // 2
+        markers = 2 * self.markers * (self.train_size + sum(lengths))
+        return self.train_size + sum(lengths), trained + evaluated + markers
 
     @property
     def num_classes(self) -> int:

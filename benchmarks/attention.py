@@ -171,8 +171,8 @@ def term_path_ab(rows: list[str], lengths: list[int], repeats: int, cfg: ModelCo
     one process, and their ratios (on / off)."""
     decide = core._term_path
     forced = {
-        "on": lambda parts, compute, v, n: decide(parts, compute, v, math.inf),
-        "off": lambda parts, compute, v, n: False,
+        "on": lambda parts, compute, q, v, n: decide(parts, compute, q, v, math.inf),
+        "off": lambda parts, compute, q, v, n: False,
     }
     for label, choice in variants():
         if not any(word in label for word in rows):

@@ -153,8 +153,8 @@ def attend(
     """
     n, chunk = q_pos.shape[0], compute.chunk
     flex = compute.flex and v.is_cuda and n > 1 and not compute.dropout and parts.flex()
-    distance = _distance_scores(parts, compute, v, q_pos, k_pos)
-    term = distance is None and _term_path(parts, compute, v, n)
+    distance = _distance_scores(parts, compute, q, v, q_pos, k_pos)
+    term = distance is None and _term_path(parts, compute, q, v, n)
     fused = flex or distance is not None or term or (compute.fast and parts.fused())
     if chunk is not None and n > chunk and not fused:
         whole = replace(compute, chunk=None)
@@ -198,26 +198,35 @@ def attend(
     return _add(torch.matmul(weights, v), parts.pe.value_term(weights, q_pos, k_pos, layer))
 
 
-def _cpu_kernel(parts: AttentionParts, compute: Compute, v: Tensor) -> bool:
+def _cpu_kernel(parts: AttentionParts, compute: Compute, q: Tensor | None, v: Tensor) -> bool:
     """Whether the fused CPU kernel may compute softmax of a plain dot product here: on the
-    CPU, without attention dropout, and with weights that the PE does not reweight."""
-    applies = compute.fast and not compute.dropout and v.device.type == "cpu"
+    CPU, without attention dropout, with weights that the PE does not reweight, and queries
+    as wide as values (the kernel's condition; GAU's are not)."""
+    same_width = q is not None and q.shape[-1] == v.shape[-1]
+    applies = compute.fast and not compute.dropout and v.device.type == "cpu" and same_width
     softmax = parts.norm.sdpa and parts.synthesizer.plain_dot and not parts.pe.reweights
     return applies and softmax
 
 
 def _distance_scores(
-    parts: AttentionParts, compute: Compute, v: Tensor, q_pos: Tensor, k_pos: Tensor
+    parts: AttentionParts,
+    compute: Compute,
+    q: Tensor | None,
+    v: Tensor,
+    q_pos: Tensor,
+    k_pos: Tensor,
 ) -> DistanceScores | None:
     """The PE's term per distance for the fused CPU path (`attention/distance.py`), or None
     where that path does not apply: not the CPU kernel's case (`_cpu_kernel`), a value term,
     or not a term of j − i over consecutive positions."""
-    if not (_cpu_kernel(parts, compute, v) and parts.fast()):
+    if not (_cpu_kernel(parts, compute, q, v) and parts.fast()):
         return None
     return parts.pe.distance_scores(q_pos, k_pos)
 
 
-def _term_path(parts: AttentionParts, compute: Compute, v: Tensor, n: int) -> bool:
+def _term_path(
+    parts: AttentionParts, compute: Compute, q: Tensor | None, v: Tensor, n: int
+) -> bool:
     """Whether a PE's score or value term takes the CPU kernel in blocks (`attention/term.py`):
     the CPU kernel's case, with a term that is not per distance, for more than `chunk`
     queries. Up to `chunk` the plain path forms the scores once, with nothing recomputed:
@@ -228,7 +237,7 @@ def _term_path(parts: AttentionParts, compute: Compute, v: Tensor, n: int) -> bo
     pe = parts.pe
     long = compute.chunk is not None and n > compute.chunk
     terms = pe.adds_score_terms or pe.post_normalization
-    return long and terms and _cpu_kernel(parts, compute, v)
+    return long and terms and _cpu_kernel(parts, compute, q, v)
 
 
 def flex_path(

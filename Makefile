@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-dialogue bench-gpu bench-extrapolation
+.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-dialogue bench-gpu bench-extrapolation bench-lm-data
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ bench-translation: install ## translation speed (vs torch.nn.Transformer) and 30
 bench-extrapolation: install ## every encoding evaluated at 16x its training length of 1,024: time, memory -> BENCHMARKS.md
 	$(PY) benchmarks/extrapolation.py
 
+bench-lm-data: install ## a generated 1 GB corpus: tokenization MB/s and peak memory vs nanoGPT's prepare.py approach, time to the first step -> BENCHMARKS.md
+	$(PY) benchmarks/lm_data.py
+
 bench-lm: install ## nanoGPT's Shakespeare run over 3 seeds (vs its 1.88), Lightning vs a plain loop -> BENCHMARKS.md
 	$(PY) benchmarks/lm.py anchor
 	$(PY) benchmarks/lm.py speed
@@ -72,9 +75,10 @@ bench-disk: install ## disk per finished run, before and after weights-only best
 bench-dialogue: install ## pairs/s of dialogue's test phase (beam search over the Chit-Chat test split) -> BENCHMARKS.md
 	$(PY) benchmarks/dialogue.py
 
-bench-gpu: install ## on a CUDA machine: FlexAttention check, speed vs nn.Transformer and x-transformers, variants, decoding, the causal stack in bf16 and on FlashAttention -> BENCHMARKS.md
+bench-gpu: install ## on a CUDA machine: FlexAttention check, speed vs nn.Transformer and x-transformers, variants, decoding, the causal stack in bf16 and on FlashAttention, GPT-2 small vs nanoGPT -> BENCHMARKS.md
 	$(PY) benchmarks/gpu.py check
 	$(PY) benchmarks/gpu.py speed
 	$(PY) benchmarks/gpu.py variants
 	$(PY) benchmarks/gpu.py decode
 	$(PY) benchmarks/causal.py --device cuda
+	$(PY) benchmarks/gpt2.py

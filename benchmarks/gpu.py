@@ -47,6 +47,7 @@ from attention import BASELINE_LABEL, attention_at, baseline_of, in_causal_stack
 from benchmarks_common import documented, report
 from translation import BASELINE, TorchTransformer
 
+from attnlab import flops
 from attnlab.attention.core import AttentionParts, Compute, attend, flex_path
 from attnlab.decoding import beam_search, greedy
 from attnlab.model.architecture import ModelConfig
@@ -72,8 +73,6 @@ FULL = Scale(
 )
 SMOKE = Scale(ModelConfig(Standard(), d_model=32, n_heads=2, n_layers=1, d_ff=64), 64, 64,
               {"tiny": (4, 3, 8)})  # fmt: skip
-PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12,
-             "A100": 312e12, "L40S": 362e12, "L4": 121e12}  # fmt: skip
 FLEX_PES = {"t5": (), "alibi": (), "shaw": ("value_term=false",)}
 
 
@@ -83,8 +82,7 @@ def device_line(device: torch.device) -> str:
 
 
 def peak_flops(device: torch.device) -> float | None:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
+    return flops.peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
 
 
 def timed(step: Callable[[], None], device: torch.device, repeats: int) -> float:

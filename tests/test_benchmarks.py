@@ -185,3 +185,21 @@ def test_the_extrapolation_benchmark_needs_none_for_its_ratios():
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode != 0 and "--pe must include none" in done.stderr
+
+
+def test_the_gpt2_benchmark_runs_in_smoke_mode_beside_nanogpts_model(tmp_path):
+    result = run_smoke("gpt2.py", "--smoke", tmp_path=tmp_path)
+    rows = table_rows(result.stdout)[1:]
+    labels = [row.split(" | ")[0].lstrip("| ") for row in rows]
+    expected = ["attnlab pe=learned", "attnlab pe=rope", "attnlab pe=alibi", "attnlab pe=t5"]
+    if (ROOT.parent / "shared" / "peers" / "nanogpt" / "model.py").is_file():
+        expected.insert(1, "nanoGPT GPT")
+    assert labels == expected and all("n/a" in row for row in rows)  # no MFU on a CPU
+
+
+def test_the_lm_data_benchmark_runs_in_smoke_mode(tmp_path):
+    result = run_smoke("lm_data.py", "--smoke", tmp_path=tmp_path)
+    rows = table_rows(result.stdout)
+    assert any(row.startswith("| attnlab tokenize |") for row in rows)
+    assert any(row.startswith("| nanoGPT's prepare.py approach |") for row in rows)
+    assert "a run of 5 steps trains at" in result.stdout

@@ -353,3 +353,43 @@ def test_a_text_shorter_than_one_training_window_says_what_it_needs(make_config,
     with pytest.raises(ConfigError, match=r"needs at least 257 tokens: one window of "
                        r"task.data.block_size=256 tokens and the token after it; give"):  # fmt: skip
         train(cfg)
+
+
+def test_tokens_per_step_accumulates_batches_into_the_step_of_one_larger_batch(tmp_path):
+    """Windows are drawn in the same order whatever the batch size, and Lightning averages the
+    losses of the accumulated batches: two batches of 4 windows make one step of 8 (over
+    epochs of whole steps: 64 windows)."""
+    from helpers import compose_config
+
+    weights = {}
+    for name, extra in {
+        "accumulated": ["task.data.batch_size=4", "task.data.tokens_per_step=128"],
+        "one_batch": ["task.data.batch_size=8"],
+    }.items():
+        cfg = compose_config(
+            lm_overrides(tmp_path, *extra, "task.data.block_size=16", "trainer.max_steps=3",
+                         "task.data.eval_lengths=[16]", "task.system.samples=0", "~logger", "task.data.train_windows=64",
+                         "test=false", "trainer.val_check_interval=3", "task.optim.lr=1e-2",
+                         "task.optim.warmup_steps=0"),
+            tmp_path / name,
+        )  # fmt: skip
+        train(cfg)
+        checkpoint = tmp_path / name / "checkpoints" / "last.ckpt"
+        weights[name] = torch.load(checkpoint, weights_only=True)["state_dict"]
+    for key, value in weights["one_batch"].items():
+        torch.testing.assert_close(weights["accumulated"][key], value, atol=1e-4, rtol=1e-4)
+
+
+def test_tokens_per_step_that_batches_do_not_divide_is_one_sentence(make_config, tmp_path):
+    cfg = make_config(lm_overrides(tmp_path, "task.data.batch_size=4", "task.data.block_size=16",
+                                   "task.data.tokens_per_step=100"))  # fmt: skip
+    data = build(cfg.task.data)
+    with pytest.raises(ConfigError, match=r"tokens_per_step=100 is not a multiple of the 128"):
+        data.batches_per_step(2)
+    cfg = make_config(lm_overrides(tmp_path, "task.data.batch_size=4", "task.data.block_size=16",
+                                   "task.data.tokens_per_step=256"))  # fmt: skip
+    data = build(cfg.task.data)
+    assert data.batches_per_step(2) == 2
+    data.prepare_data()
+    windows = len(data.train_dataloader().dataset)
+    assert windows % 16 == 0 and windows >= len(data.stream("train")) // 16, "whole steps"

@@ -67,7 +67,8 @@ def configure_adamw(
     schedule: str = "cosine",
     min_lr_ratio: float = 0.0,
 ) -> dict:
-    """Weight decay on matrices only (not on biases, norms' gains or scalar mixing weights)."""
+    """Weight decay on matrices only (not on biases, norms' gains or scalar mixing weights);
+    on a GPU, torch's fused AdamW."""
     check_optim(lr, weight_decay, betas, eps, warmup_steps, schedule, min_lr_ratio)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [  # named for LearningRateMonitor: train/lr/decay, train/lr/no_decay
@@ -78,7 +79,8 @@ def configure_adamw(
         },
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "name": "no_decay"},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+    fused = bool(params) and params[0].is_cuda  # one kernel for every tensor (nanoGPT's choice)
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, warmup_steps, total_steps, schedule, min_lr_ratio)
     )

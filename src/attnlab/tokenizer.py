@@ -24,7 +24,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -48,7 +48,7 @@ def cache_key(identity: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def build_once(directory: Path, build: Callable[[Path], None]) -> bool:
+def build_once(directory: Path, build: Callable[[Path], None], resumable: bool = False) -> bool:
     """Create `directory` by calling `build(partial_directory)` unless it exists already.
 
     An existing entry is checked against its record (attnlab.data.record) and, if whole,
@@ -56,7 +56,9 @@ def build_once(directory: Path, build: Callable[[Path], None]) -> bool:
     missing entry is built, a damaged one rebuilt (one warning says what was wrong), under a
     file lock that serializes processes asking for the same entry (DDP ranks on one node:
     the first builds, the others wait and reuse it); the final rename means an interrupted
-    build never leaves an entry that looks complete. Returns whether it built the entry.
+    build never leaves an entry that looks complete. With `resumable`, what an interrupted
+    build left in the partial directory is kept for `build` to go on from (it checks it).
+    Returns whether it built the entry.
     """
     problem = entry_problem(directory)
     if problem is None:
@@ -69,13 +71,15 @@ def build_once(directory: Path, build: Callable[[Path], None]) -> bool:
         if problem != MISSING:
             log.warning("the cache entry %s is %s: rebuilding it", directory, problem)
         partial = directory.with_name(f"{directory.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
+        if not resumable:
+            shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(exist_ok=True)
         try:
             build(partial)
             write_record(partial)
         except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
+            if not resumable:
+                shutil.rmtree(partial, ignore_errors=True)
             raise
         if directory.is_dir():
             shutil.rmtree(directory)
@@ -224,13 +228,29 @@ def from_serialized(model: bytes, directory: Path) -> Tokenizer:
     return Tokenizer.from_file(entry / MODEL_FILE)
 
 
+SENTENCE_CHARACTERS = 1000  # SentencePiece skips sentences of over 4,192 bytes: cut below
+
+
+def cut(sentence: str, most: int = SENTENCE_CHARACTERS) -> Iterator[str]:
+    """`sentence` in pieces of at most `most` characters (at most 4 UTF-8 bytes each), cut at
+    a space where there is one in the second half of a piece."""
+    while len(sentence) > most:
+        space = sentence.rfind(" ", most // 2, most)
+        end = space if space > 0 else most
+        yield sentence[:end]
+        sentence = sentence[end:].lstrip(" ")
+    if sentence:
+        yield sentence
+
+
 def train_sentencepiece(
     sentences: list[str], model_prefix: Path, settings: TokenizerSettings, num_threads: int
 ) -> None:
-    """Train `<model_prefix>.model/.vocab` on `sentences` (all of them: sample beforehand)."""
+    """Train `<model_prefix>.model/.vocab` on `sentences` (all of them: sample beforehand;
+    a long one is cut into pieces, which SentencePiece would otherwise leave out)."""
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
+            sentence_iterator=(piece for sentence in sentences for piece in cut(sentence)),
             model_prefix=str(model_prefix),
             vocab_size=settings.vocab_size,
             model_type=settings.model_type,

@@ -1,8 +1,8 @@
 """`attnlab compare DIR`, `attnlab dashboard --project P --group G`, `attnlab archive SWEEP DEST`,
 `attnlab results`, `attnlab prune DIR`, `attnlab translate ckpt_path=... input=...`, `attnlab
-chat ckpt_path=...`, `attnlab generate ckpt_path=... prompt=...` and `attnlab export
-ckpt_path=... out=DIR` (see README and the modules attnlab.commands.prune, translate, chat,
-generation and stored)."""
+chat ckpt_path=...`, `attnlab generate ckpt_path=... prompt=...`, `attnlab export
+ckpt_path=... out=DIR` and `attnlab tokenize task=lm ...` (see README and the modules
+attnlab.commands.prune, translate, chat, generation, stored and tokenize)."""
 
 from __future__ import annotations
 
@@ -107,6 +107,17 @@ def parser() -> argparse.ArgumentParser:
         "settings", nargs="*", metavar="KEY=VALUE", help="e.g. ckpt_path=<run>/checkpoints/"
         "last.ckpt prompt=ROMEO: max_new_tokens=300 decode.strategy=nucleus decode.seed=1",
     )  # fmt: skip
+    tokenize = commands.add_parser(
+        "tokenize",
+        help="train a language model's tokenizer and encode its data into the cache, once",
+        description="Takes train.py's settings (task=lm or experiment=lm_*, task.data.*) and "
+        "builds what runs with them read: the tokenizer and each split's token stream, in "
+        "parallel processes (task.data.num_threads), going on where a killed build stopped.",
+    )
+    tokenize.add_argument(
+        "settings", nargs="*", metavar="KEY=VALUE",
+        help="e.g. task=lm task.data.source=corpus task.data.dir=<corpus directory>",
+    )  # fmt: skip
     export = commands.add_parser(
         "export",
         help="write a checkpoint's model as safetensors, a JSON config and tokenizer files",
@@ -172,6 +183,10 @@ def main(argv: list[str] | None = None) -> None:
             chat(args.settings)
         elif args.command == "export":
             print_exported(args.settings)
+        elif args.command == "tokenize":
+            from attnlab.commands.tokenize import tokenize
+
+            print("\n".join(tokenize(args.settings)))
         elif args.command == "translate":
             from attnlab.commands.translate import translate
 

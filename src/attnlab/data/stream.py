@@ -9,7 +9,9 @@ Tokenizers (`task.data.tokenizer`):
 
 A split is tokenized once into the stream cache, `<cache_dir>/streams/<key>/` (ids.bin and
 meta.json), keyed by the split's content and the tokenizer, built and checked by
-attnlab.tokenizer.build_once, and memory-mapped afterwards.
+attnlab.tokenizer.build_once (in parallel processes, and resumed where a killed build
+stopped: attnlab.data.encoding), and memory-mapped afterwards; a corpus's splits are parts
+of one entry.
 
 Windows (`windows`): a model of context L scores the T = n - 1 next-token predictions of a
 stream of n tokens in windows of at most L inputs. Each window (start, end, first) reads the
@@ -28,8 +30,7 @@ epoch, so a resumed run skips into the same draw; DDP ranks take every num_repli
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,12 +40,11 @@ import torch
 from torch.utils.data import Dataset
 
 from attnlab.data.cache import ids_dtype
+from attnlab.data.encoding import Encoder, Unit, encode_units
 from attnlab.data.loader import ResumableSampler
 from attnlab.data.task import WindowBatch
 from attnlab.settings import ConfigError
 from attnlab.tokenizer import EOS_ID, UNK_ID, Tokenizer, build_once, cache_key
-
-log = logging.getLogger(__name__)
 
 SPECIALS = 4  # pad, unk, bos, eos: the ids every tokenizer of the project reserves
 Window = tuple[int, int, int]  # start, end, first scored prediction
@@ -155,71 +155,92 @@ def restore_tokenizer(stored: Any) -> StreamTokenizer:
 
 
 class Stream:
-    """One split's token ids, memory-mapped, and what was counted when it was built."""
+    """One split's token ids, memory-mapped: a whole cache entry, or the part [start, stop)
+    of one (a corpus's held-out splits), and what was counted when it was built."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(
+        self, directory: Path, start: int = 0, stop: int | None = None, present: bool = True
+    ) -> None:
         self.directory = directory
         self.meta = json.loads((directory / "meta.json").read_text())
+        self.start = start
+        self.stop = self.meta.get("tokens", 0) if stop is None else stop
+        self.present = present and self.meta["present"]
+
+    def absent(self) -> Stream:
+        """No split (a corpus without a test part)."""
+        return Stream(self.directory, 0, 0, present=False)
 
     @property
-    def present(self) -> bool:
-        return self.meta["present"]
+    def whole(self) -> bool:
+        return self.start == 0 and self.stop == self.meta.get("tokens", 0)
+
+    def part(self, start: int, stop: int) -> Stream:
+        return Stream(self.directory, self.start + start, self.start + stop)
 
     def __len__(self) -> int:
-        return self.meta["tokens"]
+        return self.stop - self.start
+
+    @cached_property
+    def unknown(self) -> int:
+        """Ids of the unknown symbol it holds (counted at build for a whole entry)."""
+        return self.meta["unknown"] if self.whole else int((self.ids == UNK_ID).sum())
 
     @cached_property
     def ids(self) -> np.ndarray:
         path = self.directory / "ids.bin"
         if len(self) == 0:  # numpy cannot map an empty file
             return np.empty(0, self.meta["dtype"])
-        return np.memmap(path, self.meta["dtype"], mode="r")
+        return np.memmap(path, self.meta["dtype"], mode="r")[self.start : self.stop]
 
     def __getstate__(self) -> dict[str, Any]:  # DataLoader workers map the file themselves
-        return {"directory": self.directory, "meta": self.meta}
+        return {k: v for k, v in self.__dict__.items() if k != "ids"}
 
 
 def write_stream(
     directory: Path,
-    text: Callable[[], str | None],
+    units: Callable[[], Iterable[Unit] | None],
     tokenizer: StreamTokenizer,
     identity: dict[str, Any],
     source: str,
+    workers: int,
 ) -> None:
-    """Tokenize `text()` (None: the split is absent) into `directory`."""
+    """Tokenize `units()` (None: the split is absent) into `directory`, in `workers`
+    processes, going on from what a killed build left there (attnlab.data.encoding)."""
     meta: dict[str, Any] = {"identity": identity, "source": source}
-    content = text()
-    if content is None:
+    found = units()
+    if found is None:
         (directory / "meta.json").write_text(json.dumps({**meta, "present": False}))
         return
     dtype = ids_dtype(tokenizer.vocab_size)
-    ids = tokenizer.encode(content).astype(dtype)
-    (directory / "ids.bin").write_bytes(ids.tobytes())
-    unknown = int((ids == tokenizer.unk_id).sum())
+    stored = {"kind": tokenizer.kind, "model": tokenizer.serialized()}
+    encoder = Encoder(restore_tokenizer, stored, dtype, tokenizer.unk_id)
+    counts = encode_units(directory, found, encoder, workers, source)
     meta.update(
-        present=True, tokens=len(ids), characters=len(content), unknown=unknown, dtype=dtype
-    )
+        present=True, tokens=counts["tokens"], characters=counts["characters"],
+        unknown=counts["unknown"], dtype=dtype,
+    )  # fmt: skip
     (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def open_stream(
     cache_dir: Path,
-    text: Callable[[], str | None],
+    units: Callable[[], Iterable[Unit] | None],
     tokenizer: StreamTokenizer,
     identity: dict[str, Any],
     source: str,
-) -> Stream:
-    """The split's stream from the cache, tokenized first if the cache lacks it."""
+    workers: int = 1,
+) -> tuple[Stream, bool]:
+    """The stream of `identity` from the cache, tokenized first if the cache lacks it (a build
+    that was killed goes on where it stopped); and whether it was tokenized now."""
     full = {"split": identity, "tokenizer": tokenizer.key}
     entry = cache_dir / "streams" / cache_key(full)
-    built = build_once(entry, lambda partial: write_stream(partial, text, tokenizer, full, source))
-    stream = Stream(entry)
-    if stream.present:
-        log.info(
-            "%s: %d tokens (%s %s)", source, len(stream), "tokenized into" if built else "cached in",
-            entry,
-        )  # fmt: skip
-    return stream
+    built = build_once(
+        entry,
+        lambda partial: write_stream(partial, units, tokenizer, full, source, workers),
+        resumable=True,
+    )
+    return Stream(entry), built
 
 
 def windows(n_targets: int, length: int, stride: int) -> list[Window]:

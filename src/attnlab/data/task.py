@@ -81,6 +81,11 @@ class TaskData(L.LightningDataModule):
         """The longest sequence the model will be given, specials included."""
         raise NotImplementedError
 
+    def batches_per_step(self, world: int) -> int | None:
+        """Batches each of `world` processes accumulates into one optimizer step, where the
+        data fixes it (a language model's tokens_per_step); None: the trainer's setting."""
+        return None
+
     def world(self) -> tuple[int, int]:
         """(processes, this one's rank) of the trainer the data serves; (1, 0) outside one."""
         trainer = self.trainer

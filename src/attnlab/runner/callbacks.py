@@ -16,6 +16,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
+from attnlab.flops import peak_flops
 from attnlab.plots import attention_figure, save
 from attnlab.settings import Diverged
 from attnlab.systems.base import System
@@ -46,14 +47,22 @@ class FiniteLoss(L.Callback):
 class TokenThroughput(L.Callback):
     """Logs train/tokens_per_s: the tokens the network read in training steps (padding
     aside; System.batch_tokens) over the time those steps took (forward, backward, optimizer;
-    not data loading or validation), since training began, on this device. Lightning's
-    ThroughputMonitor assumes every batch holds as many samples; ours hold a token budget."""
+    not data loading or validation), since training began, on this device; and on a device
+    whose peak is known, train/mfu (attnlab.flops) at the longest sequence the data gives.
+    Lightning's ThroughputMonitor assumes every batch holds as many samples; ours hold a
+    token budget."""
 
     def __init__(self) -> None:
         self.tokens, self.seconds, self.started = 0, 0.0, 0.0
+        self.flops: float | None = None  # per token, over the device's peak per second
 
-    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, module: System) -> None:
         self.tokens, self.seconds = 0, 0.0
+        if module.device.type != "cuda":
+            return  # no peak known: no MFU
+        peak = peak_flops(torch.cuda.get_device_name(module.device))
+        if peak is not None and trainer.datamodule is not None:
+            self.flops = module.flops_per_token(trainer.datamodule.max_seq_len) / peak
 
     def on_train_batch_start(
         self, trainer: L.Trainer, module: L.LightningModule, batch: Any, index: int
@@ -67,7 +76,10 @@ class TokenThroughput(L.Callback):
             torch.cuda.synchronize(module.device)  # the step's kernels are queued, not done
         self.seconds += time.perf_counter() - self.started
         self.tokens += module.batch_tokens(batch)
-        module.log("train/tokens_per_s", self.tokens / self.seconds, on_step=True, on_epoch=False)
+        rate = self.tokens / self.seconds
+        module.log("train/tokens_per_s", rate, on_step=True, on_epoch=False)
+        if self.flops is not None:
+            module.log("train/mfu", rate * self.flops, on_step=True, on_epoch=False)
 
 
 class AttentionMaps(L.Callback):

@@ -301,6 +301,8 @@ class LatestCheckpoint(Checkpoint):
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if ends_training_or_epoch(trainer):  # saved at the epoch's end, after its validation
             return
+        if trainer.fit_loop.epoch_loop._should_accumulate():  # gradients held, not stepped
+            return
         if self.every_n_steps is not None:
             due = trainer.global_step % self.every_n_steps == 0
         else:

@@ -141,6 +141,20 @@ def device_name(device: torch.device) -> str:
     return f"{model}, {torch.get_num_threads()} threads"
 
 
+def accumulate_for(trainer: L.Trainer, datamodule: TaskData) -> None:
+    """Accumulate the batches that the data puts into one optimizer step (before fit)."""
+    batches = datamodule.batches_per_step(trainer.world_size)
+    if batches is None:
+        return
+    if trainer.accumulate_grad_batches != 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} and the "
+            f"data's tokens per step ({batches} batches) both set the batches of a step: "
+            "keep one"
+        )
+    trainer.accumulate_grad_batches = batches
+
+
 def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.Trainer:
     """The trainer with the config's loggers and callbacks, `extra_callbacks`, and the two
     every run has: validation of the final weights, and the count of examples scored."""

@@ -89,6 +89,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         overrides = absolute_locations(run.command_line_overrides(), cfg.paths.root_dir)
         record = RunRecord(overrides, to_dict(cfg))
         trainer = run.build_trainer(cfg, [record])
+        run.accumulate_for(trainer, datamodule)
         tracker.update(device=run.device_name(trainer.strategy.root_device))
         try:
             with run.closing_loggers(trainer):

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.data.task import TaskData
+from attnlab.flops import flops_per_token
 from attnlab.memory import TRAINING_BYTES, check_fits
 from attnlab.model.architecture import Architecture
 from attnlab.norm.base import Normalizer
@@ -94,6 +95,10 @@ class System(L.LightningModule):
 
     def parameter_counts(self) -> dict[str, int]:
         return parameter_counts(self)
+
+    def flops_per_token(self, context: int) -> float:
+        """Training FLOPs of a token in a sequence of `context` (attnlab.flops)."""
+        return flops_per_token(self.net, self.architecture.model.d_model, context)
 
     def describe(self) -> dict[str, Any]:
         """What loggers record about the system besides the config."""

@@ -22,6 +22,8 @@ the model's positional encoding was built for is not applicable, and said so (`l
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +34,8 @@ from torch.utils.data import DataLoader
 
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.digest import file_digest
+from attnlab.data.documents import corpus_files, read_documents
+from attnlab.data.encoding import Unit, document_units, reservoir, text_units
 from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub
 from attnlab.data.loader import ResumableLoader
 from attnlab.data.stream import (
@@ -54,7 +58,8 @@ from attnlab.tokenizer import TokenizerSettings, build_once, cache_key, load_or_
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("hub", "local")
+SOURCES = ("hub", "local", "corpus")
+UNIT_CHARACTERS = 1 << 22  # text handed to a tokenizing process at a time
 TOKENIZERS = ("char", "sentencepiece")
 SPLITS = ("train", "valid", "test")
 STAGE_SPLITS = {"fit": ("train", "valid"), "validate": ("valid",), "test": ("test",)}
@@ -62,15 +67,63 @@ SAMPLE_SEED = 0  # the SentencePiece training sample of lines: fixed across run 
 
 
 class TextSource(Protocol):
-    def identity(self, split: str) -> dict[str, Any]: ...
+    def identity(self, split: str) -> dict[str, Any]:
+        """What the stream cache of `split` is keyed by (one entry for every split of a
+        corpus, whose splits are parts of it: `part`)."""
 
     def describe(self, split: str) -> str: ...
 
+    def units(self, split: str) -> Iterator[Unit] | None:
+        """The split's text in order, as units to encode; None when it has no such split."""
+
+    def part(self, split: str, tokens: int) -> tuple[int, int] | None:
+        """Where `split` lies in its stream of `tokens` tokens; None where it has none."""
+
+    def vocabulary_text(self, lines: int) -> str:
+        """The text a character vocabulary is read from."""
+
+    def sample_lines(self, lines: int) -> list[str]:
+        """At most `lines` lines of training text, for a SentencePiece model."""
+
+
+class RunningText(ABC):
+    """What a source whose splits are whole texts of their own shares (TextFiles, SplitFile,
+    HubText): each split a stream, cut into units at line breaks."""
+
+    @abstractmethod
     def text(self, split: str) -> str | None:
         """The split's running text; None when the source has no such split."""
 
+    @abstractmethod
+    def describe(self, split: str) -> str: ...
 
-class TextFiles:
+    def units(self, split: str) -> Iterator[Unit] | None:
+        text = self.text(split)
+        return None if text is None else text_units(text, UNIT_CHARACTERS)
+
+    def part(self, split: str, tokens: int) -> tuple[int, int] | None:
+        return 0, tokens
+
+    def training_text(self) -> str:
+        text = self.text("train")
+        if not text:
+            raise ConfigError(
+                f"{self.describe('train')} is missing or empty: a vocabulary and a model need "
+                "training text"
+            )
+        return text
+
+    def vocabulary_text(self, lines: int) -> str:
+        return self.training_text()
+
+    def sample_lines(self, lines: int) -> list[str]:
+        found = [line for line in self.training_text().split("\n") if line.strip()]
+        rng = np.random.default_rng(SAMPLE_SEED)
+        keep = np.sort(rng.choice(len(found), min(len(found), lines), False))
+        return [found[i] for i in keep]
+
+
+class TextFiles(RunningText):
     """{dir}/{train,valid,test}.txt."""
 
     def __init__(self, directory: str, digests: Path) -> None:
@@ -97,7 +150,7 @@ class TextFiles:
         return read_text(path) if path.is_file() else None
 
 
-class SplitFile:
+class SplitFile(RunningText):
     """One file, cut into contiguous parts by fractions of its characters."""
 
     def __init__(self, file: str, fractions: list[float], digests: Path) -> None:
@@ -135,7 +188,7 @@ class SplitFile:
         return text[int(bounds[index]) : int(bounds[index + 1]) if index < 2 else len(text)]
 
 
-class HubText:
+class HubText(RunningText):
     """A Hugging Face dataset's text column, one row a line."""
 
     def __init__(
@@ -181,16 +234,75 @@ class HubText:
         return "".join(row.rstrip("\n") + "\n" for row in data[self.column])
 
 
+class DocumentCorpus:
+    """A directory of corpus files (attnlab.data.documents) encoded once, as one stream of
+    documents each followed by EOS: test is its last `test_tokens` tokens but `val_tokens`,
+    valid the last `val_tokens`, train all before them. The tokenizer is trained on lines
+    drawn uniformly from the whole corpus (held-out documents included: a vocabulary, not the
+    model, sees them)."""
+
+    def __init__(
+        self, directory: str, column: str, val_tokens: int, test_tokens: int, digests: Path
+    ) -> None:
+        require_counts("task.data", val_tokens=val_tokens)
+        require_counts("task.data", least=0, test_tokens=test_tokens)
+        self.directory = Path(directory).expanduser().resolve()
+        self.files = corpus_files(self.directory)
+        self.column, self.digests = column, digests
+        self.held_out = {"valid": val_tokens, "test": test_tokens}
+
+    def identity(self, split: str) -> dict[str, Any]:
+        files = [
+            [str(path.relative_to(self.directory)), file_digest(path, self.digests)]
+            for path in self.files
+        ]
+        return {"source": "corpus", "column": self.column, "files": files}
+
+    def describe(self, split: str) -> str:
+        return f"the corpus in {self.directory} ({split})"
+
+    def documents(self) -> Iterator[str]:
+        for path in self.files:
+            yield from read_documents(path, self.column)
+
+    def units(self, split: str) -> Iterator[Unit]:
+        return document_units(self.documents(), UNIT_CHARACTERS)
+
+    def part(self, split: str, tokens: int) -> tuple[int, int] | None:
+        valid, test = self.held_out["valid"], self.held_out["test"]
+        train_end = max(0, tokens - valid - test)
+        if split == "train":
+            return 0, train_end
+        if split == "valid":
+            return max(0, tokens - valid), tokens
+        return (train_end, max(train_end, tokens - valid)) if test else None
+
+    def sample_lines(self, lines: int) -> list[str]:
+        every = (line for text in self.documents() for line in text.split("\n") if line.strip())
+        return reservoir(every, lines, np.random.default_rng(SAMPLE_SEED))
+
+    def vocabulary_text(self, lines: int) -> str:
+        return "\n".join(self.sample_lines(lines))
+
+
 def make_source(
     source: str,
     directory: str | None,
     file: str | None,
     fractions: list[float],
     hub: tuple[str | None, str | None, str | None, str],
+    held_out: tuple[int, int],
     cache: Path,
 ) -> TextSource:
     if source not in SOURCES:
         raise ConfigError(f"task.data.source={source!r} is not one of: {', '.join(SOURCES)}")
+    if source == "corpus":
+        if directory is None or file is not None:
+            raise ConfigError(
+                "task.data.source=corpus reads task.data.dir=<directory of .txt, .jsonl or "
+                ".parquet files> (and no task.data.file)"
+            )
+        return DocumentCorpus(directory, hub[3], *held_out, cache / "digests")
     if source == "hub":
         if directory is not None or file is not None:
             raise ConfigError(
@@ -221,6 +333,8 @@ class LMDataModule(TaskData):
         subset: str | None,
         revision: str | None,
         text_column: str,
+        val_tokens: int,
+        test_tokens: int,
         tokenizer: str,
         vocab_size: int,
         model_type: str,
@@ -228,6 +342,7 @@ class LMDataModule(TaskData):
         tokenizer_lines: int,
         block_size: int,
         batch_size: int,
+        tokens_per_step: int | None,
         train_windows: int | None,
         eval_lengths: list[int] | None,
         eval_stride: int | None,
@@ -248,15 +363,18 @@ class LMDataModule(TaskData):
         require_counts("task.data", least=0, num_workers=num_workers)
         if train_windows is not None:
             require_counts("task.data", train_windows=train_windows)
+        if tokens_per_step is not None:
+            require_counts("task.data", tokens_per_step=tokens_per_step)
+        self.tokens_per_step = tokens_per_step
         self.lengths = list(eval_lengths or [block_size * k for k in (1, 2, 4, 8, 16)])
         for length in self.lengths:
             require_counts("task.data.eval_lengths", least=1, item=length)
         self.stride = block_size if eval_stride is None else eval_stride
         require_counts("task.data", eval_stride=self.stride)
         self.cache = Path(cache_dir).expanduser().resolve()
-        self.source = make_source(
-            source, dir, file, list(fractions), (dataset, subset, revision, text_column), self.cache
-        )
+        hub = (dataset, subset, revision, text_column)
+        held_out = (val_tokens, test_tokens)
+        self.source = make_source(source, dir, file, list(fractions), hub, held_out, self.cache)
         self.kind, self.block_size, self.batch_size = tokenizer, block_size, batch_size
         self.settings = TokenizerSettings(vocab_size, model_type, character_coverage)
         self.tokenizer_lines, self.train_windows = tokenizer_lines, train_windows
@@ -283,42 +401,37 @@ class LMDataModule(TaskData):
             return CharTokenizer((entry / "characters.txt").read_text(encoding="utf-8"))
         identity["lines"] = self.tokenizer_lines
         model = load_or_train(
-            self.cache / "tokenizers", identity, self.settings, self._sample_lines, self.num_threads
-        )
+            self.cache / "tokenizers", identity, self.settings,
+            lambda: self.source.sample_lines(self.tokenizer_lines), self.num_threads,
+        )  # fmt: skip
         return PieceTokenizer(model)
 
-    def _training_text(self) -> str:
-        text = self.source.text("train")
-        if not text:
-            raise ConfigError(
-                f"{self.source.describe('train')} is missing or empty: a vocabulary and a "
-                "model need training text"
-            )
-        return text
-
     def _write_characters(self, partial: Path) -> None:
-        characters = CharTokenizer(self._training_text()).characters
+        text = self.source.vocabulary_text(self.tokenizer_lines)
+        characters = CharTokenizer(text).characters
         (partial / "characters.txt").write_text(characters, encoding="utf-8")
-
-    def _sample_lines(self) -> list[str]:
-        lines = [line for line in self._training_text().split("\n") if line.strip()]
-        rng = np.random.default_rng(SAMPLE_SEED)
-        keep = np.sort(rng.choice(len(lines), min(len(lines), self.tokenizer_lines), False))
-        return [lines[i] for i in keep]
 
     def stream(self, split: str) -> Stream:
         if split not in self._streams:
-            stream = open_stream(
+            whole, built = open_stream(
                 self.cache,
-                lambda: self.source.text(split),
+                lambda: self.source.units(split),
                 self.tokenizer,
                 self.source.identity(split),
                 self.source.describe(split),
+                self.num_threads,
             )
-            if stream.present and split != "train" and stream.meta["unknown"]:
+            where = self.source.part(split, len(whole)) if whole.present else None
+            stream = whole.part(*where) if where is not None else whole.absent()
+            if stream.present:
+                log.info(
+                    "%s: %d tokens (%s %s)", self.source.describe(split), len(stream),
+                    "tokenized into" if built else "cached in", stream.directory,
+                )  # fmt: skip
+            if stream.present and split != "train" and stream.unknown:
                 log.warning(
                     "%s: %d of %d %s are not in the training split's vocabulary and are "
-                    "scored as one unknown symbol", split, stream.meta["unknown"], len(stream),
+                    "scored as one unknown symbol", split, stream.unknown, len(stream),
                     "characters" if self.kind == "char" else "tokens",
                 )  # fmt: skip
             self._streams[split] = stream
@@ -329,10 +442,11 @@ class LMDataModule(TaskData):
         if not stream.present or len(stream) < least:
             hint = {
                 "test": "pass test=false to skip testing (eval.py: split=val), or give "
-                "a test split (test.txt, or three task.data.fractions)",
+                "a test split (test.txt, three task.data.fractions, or a corpus's "
+                "task.data.test_tokens)",
                 "train": f"one window of task.data.block_size={self.block_size} tokens and "
                 "the token after it; give a longer text, a larger share of it "
-                "(task.data.fractions) or a smaller block_size",
+                "(task.data.fractions, or a corpus's val_tokens) or a smaller block_size",
             }.get(
                 split,
                 "a token and the one after it, to score; give a longer text or a larger share "
@@ -354,6 +468,20 @@ class LMDataModule(TaskData):
 
     def model_kwargs(self) -> dict[str, Any]:
         return {"vocab_size": self.tokenizer.vocab_size, "tokenizer": self.tokenizer}
+
+    def batches_per_step(self, world: int) -> int | None:
+        """tokens_per_step / (batch_size · block_size · world), which must be a whole number."""
+        if self.tokens_per_step is None:
+            return None
+        per_batch = self.batch_size * self.block_size * world
+        if self.tokens_per_step % per_batch:
+            raise ConfigError(
+                f"task.data.tokens_per_step={self.tokens_per_step} is not a multiple of the "
+                f"{per_batch:,} tokens that {world} process(es) train on in one batch "
+                f"(batch_size={self.batch_size} x block_size={self.block_size}): pick a "
+                "multiple, or another batch_size"
+            )
+        return self.tokens_per_step // per_batch
 
     @property
     def max_seq_len(self) -> int:
@@ -378,6 +506,9 @@ class LMDataModule(TaskData):
     def train_dataloader(self) -> DataLoader:
         stream = self._require("train", self.block_size + 1)
         count = self.train_windows or max(1, len(stream) // self.block_size)
+        if self.tokens_per_step is not None:  # whole steps: each of tokens_per_step tokens
+            per_step = self.tokens_per_step // self.block_size
+            count = -(-count // per_step) * per_step
         dataset = TrainWindows(stream, self.block_size, count)
         world, rank = self.world()
         sampler = WindowSampler(dataset, num_replicas=world, rank=rank, seed=self.seed)

@@ -1,0 +1,261 @@
+"""A language model's corpus as a directory of .txt, .jsonl(.gz, .zst) and .parquet files:
+read a document at a time, encoded in parallel processes into one stream (documents
+separated by EOS) that a killed build resumes, and cut into held-out splits by tokens."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from helpers import ROOT, compose_config
+
+from attnlab.commands.cli import main as attnlab
+from attnlab.data.documents import corpus_files, read_documents
+from attnlab.data.encoding import (
+    PROGRESS,
+    Encoder,
+    document_units,
+    encode_units,
+    reservoir,
+    text_units,
+)
+from attnlab.data.stream import CharTokenizer, restore_tokenizer
+from attnlab.runner.run import build_datamodule
+from attnlab.settings import ConfigError
+from attnlab.tokenizer import EOS_ID
+
+DOCUMENTS = ["first document\nwith two lines", "second", "third one", "fourth and last"]
+
+
+def write_corpus(directory: Path, documents: list[str] = DOCUMENTS) -> Path:
+    """One document in each kind of file (a .txt holds one-line documents)."""
+    (directory / "nested").mkdir(parents=True)
+    (directory / "a.txt").write_text(documents[1] + "\n\n")  # a blank line is no document
+    with gzip.open(directory / "b.jsonl.gz", "wt") as file:
+        file.write(json.dumps({"text": documents[0], "id": 7}) + "\n")
+    lines = json.dumps({"text": documents[2]}) + "\n"
+    (directory / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines.encode()))
+    pq.write_table(pa.table({"text": [documents[3]]}), directory / "nested" / "d.parquet")
+    (directory / ".hidden.bin").write_bytes(b"\x00")  # skipped
+    return directory
+
+
+def test_every_kind_of_file_yields_its_documents_in_path_order(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    files = corpus_files(corpus)
+    assert [f.name for f in files] == ["a.txt", "b.jsonl.gz", "c.jsonl.zst", "d.parquet"]
+    read = [doc for path in files for doc in read_documents(path, "text")]
+    assert read == [DOCUMENTS[1], DOCUMENTS[0], DOCUMENTS[2], DOCUMENTS[3]]
+
+
+def gzip_cut(path: Path) -> None:
+    path.write_bytes(gzip.compress(b'{"text": "a"}\n' * 100)[:-20])
+
+
+@pytest.mark.parametrize(
+    ("damage", "sentence"),
+    [
+        (lambda d: (d / "x.csv").write_text("a,b\n"), r"x.csv is not a corpus file \(.txt, .jsonl"),
+        (lambda d: (d / "e.jsonl").write_text('{"text": 1}\n'), r"e.jsonl line 1 is not a JSON"),
+        (lambda d: (d / "e.jsonl").write_text("{oops\n"), r"e.jsonl line 1 is not a JSON object"),
+        (
+            lambda d: pq.write_table(pa.table({"body": ["x"]}), d / "e.parquet"),
+            r"e.parquet has no column 'text' \(it has body\): set task.data.text_column",
+        ),
+        (lambda d: (d / "e.parquet").write_text("no"), r"e.parquet is not a Parquet file"),
+        (lambda d: gzip_cut(d / "e.jsonl.gz"), r"e.jsonl.gz cannot be read to its end \(EOFError"),
+        (lambda d: (d / "e.txt").write_bytes(b"\xff\xfe"), r"e.txt cannot be read to its end"),
+    ],
+    ids=["other_kind", "text_not_text", "not_json", "no_column", "not_parquet", "cut", "not_utf8"],
+)
+def test_a_bad_corpus_file_is_one_sentence_naming_it(damage, sentence, tmp_path):
+    corpus = write_corpus(tmp_path / "corpus")
+    damage(corpus)
+    with pytest.raises(ConfigError, match=sentence):
+        for path in corpus_files(corpus):
+            list(read_documents(path, "text"))
+
+
+def test_running_text_encoded_in_units_is_the_whole_text_encoded():
+    rng = np.random.default_rng(0)
+    text = "".join(rng.choice(list("ab c\n"), 5000))
+    tokenizer = CharTokenizer(text)
+    units = list(text_units(text, 300))
+    assert len(units) > 10 and all(u.texts[0].endswith("\n") for u in units[:-1])
+    joined = np.concatenate([tokenizer.encode(u.texts[0]) for u in units])
+    assert np.array_equal(joined, tokenizer.encode(text))
+
+
+def encoder(tokenizer: CharTokenizer) -> Encoder:
+    stored = {"kind": tokenizer.kind, "model": tokenizer.serialized()}
+    return Encoder(restore_tokenizer, stored, "uint16", tokenizer.unk_id)
+
+
+def many_documents(count: int) -> list[str]:
+    rng = np.random.default_rng(1)
+    return ["".join(rng.choice(list("abcd e"), int(rng.integers(1, 60)))) for _ in range(count)]
+
+
+def test_documents_are_each_followed_by_eos_and_processes_change_nothing(tmp_path):
+    documents = many_documents(400)
+    tokenizer = CharTokenizer("abcd")  # " " and "e" are unknown
+    expected = np.concatenate([np.append(tokenizer.encode(d), EOS_ID) for d in documents])
+    for workers in (1, 2):
+        out = tmp_path / str(workers)
+        out.mkdir()
+        units = document_units(iter(documents), 500)
+        counts = encode_units(out, units, encoder(tokenizer), workers, "test")
+        ids = np.fromfile(out / "ids.bin", np.uint16)
+        assert np.array_equal(ids, expected)
+        assert counts["tokens"] == len(expected) and not (out / PROGRESS).exists()
+        assert counts["unknown"] == int((expected == tokenizer.unk_id).sum()) > 0
+
+
+class Interrupted(Exception):
+    pass
+
+
+class CountingEncoder(Encoder):
+    encoded = 0
+
+    def __call__(self, unit):
+        self.encoded += 1
+        return super().__call__(unit)
+
+
+def test_a_build_stopped_midway_goes_on_without_encoding_again(tmp_path):
+    documents = many_documents(300)
+    tokenizer = CharTokenizer("".join(documents))
+    units = list(document_units(documents, 200))
+
+    def stopping(after: int):
+        for index, unit in enumerate(units):
+            if index == after:
+                raise Interrupted
+            yield unit
+
+    with pytest.raises(Interrupted):
+        encode_units(tmp_path, stopping(7), encoder(tokenizer), 1, "test")
+    assert json.loads((tmp_path / PROGRESS).read_text())["units"] == 7
+    with (tmp_path / "ids.bin").open("ab") as ids:
+        ids.write(b"\x01\x00" * 5)  # a unit written but not recorded when the kill came
+    counting = CountingEncoder(restore_tokenizer, encoder(tokenizer).stored, "uint16", 1)
+    encode_units(tmp_path, iter(units), counting, 1, "test")
+    assert counting.encoded == len(units) - 7, "the units written before are not encoded again"
+    expected = np.concatenate([np.append(tokenizer.encode(d), EOS_ID) for d in documents])
+    assert np.array_equal(np.fromfile(tmp_path / "ids.bin", np.uint16), expected)
+
+
+def test_the_reservoir_draws_each_item_alike_and_is_seeded():
+    counts = np.zeros(10)
+    for seed in range(4000):
+        for item in reservoir(range(10), 3, np.random.default_rng(seed)):
+            counts[item] += 1
+    assert np.allclose(counts / 4000, 0.3, atol=0.03)
+    assert reservoir(range(100), 5, np.random.default_rng(1)) == reservoir(
+        range(100), 5, np.random.default_rng(1)
+    )
+    assert sorted(reservoir(range(4), 9, np.random.default_rng(0))) == [0, 1, 2, 3]
+
+
+def corpus_settings(corpus: Path, cache: Path, *more: str) -> list[str]:
+    return [
+        "task=lm", "task.data.source=corpus", f"task.data.dir={corpus}", f"paths.data_dir={cache}",
+        "task.data.tokenizer=char", "task.data.val_tokens=300", "task.data.test_tokens=200",
+        "task.data.block_size=16", *more,
+    ]  # fmt: skip
+
+
+def test_the_held_out_splits_are_the_last_tokens_of_one_stream(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n".join(many_documents(200)) + "\n")
+    data = build_datamodule(compose_config(corpus_settings(corpus, tmp_path / "cache"), tmp_path))
+    data.prepare_data()
+    train, valid, test = (data.stream(s) for s in ("train", "valid", "test"))
+    whole = np.fromfile(train.directory / "ids.bin", np.dtype(train.meta["dtype"]))
+    assert (len(valid), len(test)) == (300, 200) and len(train) == len(whole) - 500
+    assert np.array_equal(np.concatenate([train.ids, test.ids, valid.ids]), whole)
+    assert (whole == EOS_ID).sum() == 200, "one EOS after each document"
+    without_test = corpus_settings(corpus, tmp_path / "cache", "task.data.test_tokens=0")
+    data = build_datamodule(compose_config(without_test, tmp_path))
+    assert not data.has_split("test") and len(data.stream("train")) == len(whole) - 300
+
+
+def test_attnlab_tokenize_builds_what_a_run_then_reads(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus")
+    settings = corpus_settings(corpus, tmp_path / "cache")
+    attnlab(["tokenize", *settings])
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == ["train", "valid", "test"]
+    entry = Path(printed[0].rsplit(" in ", 1)[1])
+    before = (entry / "ids.bin").stat().st_mtime_ns
+    data = build_datamodule(compose_config(settings, tmp_path))
+    data.prepare_data()
+    assert (entry / "ids.bin").stat().st_mtime_ns == before, "read from the cache, not rebuilt"
+    with pytest.raises(SystemExit, match="attnlab tokenize prepares a language model's data"):
+        attnlab(["tokenize", "task=probe"])
+
+
+@pytest.mark.slow
+def test_a_tokenization_killed_by_sigkill_resumes_to_the_same_stream(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = "\n".join(many_documents(40_000)) + "\n"
+    for name in "abcdef":
+        (corpus / f"{name}.txt").write_text(text)
+    command = [
+        sys.executable, "-m", "attnlab.commands.cli", "tokenize",
+    ]  # fmt: skip
+
+    def settings(cache: str) -> list[str]:
+        return corpus_settings(corpus, tmp_path / cache, "task.data.num_threads=1")
+
+    killed = subprocess.Popen([*command, *settings("killed")], stdout=subprocess.DEVNULL)
+    progress = list((tmp_path / "killed").glob("streams/*.partial/" + PROGRESS))
+    deadline = time.time() + 120
+    while not progress and time.time() < deadline and killed.poll() is None:
+        time.sleep(0.01)
+        progress = list((tmp_path / "killed").glob("streams/*.partial/" + PROGRESS))
+    os.kill(killed.pid, signal.SIGKILL)
+    assert killed.wait() == -signal.SIGKILL and progress, "killed while it encoded"
+    resumed = subprocess.run([*command, *settings("killed")], capture_output=True, text=True)
+    whole = subprocess.run([*command, *settings("whole")], capture_output=True, text=True)
+    assert resumed.returncode == whole.returncode == 0, resumed.stderr[-1000:]
+    (killed_ids,) = (tmp_path / "killed").glob("streams/*/ids.bin")
+    (whole_ids,) = (tmp_path / "whole").glob("streams/*/ids.bin")
+    assert killed_ids.read_bytes() == whole_ids.read_bytes()
+
+
+def test_gpt2_small_takes_a_debug_step_on_the_cpu(tmp_path):
+    """experiment=lm_gpt2_small at full width and depth, one step and one validation batch of
+    a generated corpus (a vocabulary it can fill, one window a batch, to fit CI's time)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n".join(many_documents(3000)) + "\n")
+    result = subprocess.run(
+        [
+            sys.executable, "train.py", "experiment=lm_gpt2_small", "debug=fast",
+            f"task.data.dir={corpus}", "task.data.vocab_size=40", "task.data.val_tokens=4096",
+            "task.data.batch_size=1", "task.data.tokens_per_step=2048",
+            "task.data.eval_batch_tokens=1024", f"paths.log_dir={tmp_path / 'logs'}",
+            f"paths.data_dir={tmp_path / 'cache'}", "extras.print_config=false",
+            "callbacks.progress_bar.refresh_rate=0",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"^parameters +85,[\d,]+ ", result.stdout, re.M), "12 x 768, vocabulary 40"
+    assert re.search(r"^val/loss +\d", result.stdout, re.M)

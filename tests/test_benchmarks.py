@@ -201,5 +201,6 @@ def test_the_lm_data_benchmark_runs_in_smoke_mode(tmp_path):
     result = run_smoke("lm_data.py", "--smoke", tmp_path=tmp_path)
     rows = table_rows(result.stdout)
     assert any(row.startswith("| attnlab tokenize |") for row in rows)
+    assert any(row.startswith("| attnlab tokenize, tokenizer trained first |") for row in rows)
     assert any(row.startswith("| nanoGPT's prepare.py approach |") for row in rows)
     assert "a run of 5 steps trains at" in result.stdout

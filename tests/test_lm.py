@@ -393,3 +393,35 @@ def test_tokens_per_step_that_batches_do_not_divide_is_one_sentence(make_config,
     data.prepare_data()
     windows = len(data.train_dataloader().dataset)
     assert windows % 16 == 0 and windows >= len(data.stream("train")) // 16, "whole steps"
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_accumulating_take_the_steps_of_one_process(tmp_path):
+    """tokens_per_step over 2 ranks of batch 4: each accumulates 2 batches a step, of windows
+    that the ranks deal alternately from one draw, so a step averages the gradients of the 16
+    windows that one process takes in one batch of 16 (dropout off)."""
+    data = write_splits(tmp_path / "text", train=TEXT * 20)
+    common = [
+        "task=lm", "task.data.source=local", f"task.data.dir={data}", "task.data.tokenizer=char",
+        "task.data.block_size=8", "task.data.eval_lengths=[8]", "task.data.train_windows=64",
+        f"paths.data_dir={tmp_path / 'cache'}", "model=tiny", "model.dropout=0.0",
+        "trainer.max_steps=3", "trainer.max_epochs=-1", "trainer.check_val_every_n_epoch=null",
+        "trainer.val_check_interval=3", "task.optim.lr=1e-2", "task.optim.warmup_steps=0",
+        "test=false", "task.system.samples=0", "callbacks.progress_bar.refresh_rate=0",
+        "extras.print_config=false",
+    ]  # fmt: skip
+    runs = {
+        "ddp": ["trainer=ddp_cpu", "task.data.batch_size=4", "task.data.tokens_per_step=128"],
+        "one": ["trainer=cpu", "task.data.batch_size=16"],
+    }
+    weights = {}
+    for name, extra in runs.items():
+        run = subprocess.run(
+            [sys.executable, "train.py", *common, *extra, f"hydra.run.dir={tmp_path / name}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        last = tmp_path / name / "checkpoints" / "last.ckpt"
+        weights[name] = torch.load(last, weights_only=True)["state_dict"]
+    for key, value in weights["one"].items():
+        torch.testing.assert_close(weights["ddp"][key], value, atol=1e-4, rtol=1e-4)

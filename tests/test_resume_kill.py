@@ -35,6 +35,8 @@ SAVES = {
     "steps-every_5_steps": [*STEPS, *EVERY_5],
     "epochs-epoch_ends": ["trainer.max_epochs=4"],
     "epochs-every_5_steps": ["trainer.max_epochs=4", *EVERY_5],
+    # a step of two batches: no save may fall between them (their gradients are held)
+    "steps-every_5_steps-accumulating": [*STEPS, *EVERY_5, "trainer.accumulate_grad_batches=2"],
 }
 FAST = ["steps-epoch_ends", "steps-every_5_steps"]  # the rest are marked slow
 

@@ -13,6 +13,14 @@ from pathlib import Path
 from attnlab.settings import ConfigError
 
 
+def settings_command(
+    commands: argparse._SubParsersAction, name: str, example: str, **texts: str
+) -> None:
+    """A command taking KEY=VALUE settings; `example` shows some."""
+    command = commands.add_parser(name, **texts)
+    command.add_argument("settings", nargs="*", metavar="KEY=VALUE", help=example)
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(
         prog="attnlab", description="Compare attnlab runs; generate text with a language model."
@@ -57,8 +65,10 @@ def parser() -> argparse.ArgumentParser:
     results.add_argument(
         "--check", action="store_true", help="write nothing; fail if a table is out of date"
     )
-    translate = commands.add_parser(
+    settings_command(
+        commands,
         "translate",
+        "e.g. ckpt_path=<run>/checkpoints/epoch_NNN.ckpt input=news.en output=news.de",
         help="translate a file (or standard input) with a translation model checkpoint",
         description="Writes the translation of every line of input, in order, to output. "
         "Settings are key=value: ckpt_path (required), input (a file, or - for standard "
@@ -68,20 +78,15 @@ def parser() -> argparse.ArgumentParser:
         "decode.top_p, decode.temperature, decode.seed, decode.length_penalty, "
         "decode.no_repeat_ngram, decode.max_len.",
     )
-    translate.add_argument(
-        "settings", nargs="*", metavar="KEY=VALUE",
-        help="e.g. ckpt_path=<run>/checkpoints/epoch_NNN.ckpt input=news.en output=news.de",
-    )  # fmt: skip
-    chat = commands.add_parser(
+    settings_command(
+        commands,
         "chat",
+        "e.g. ckpt_path=... input=talks.txt",
         help="talk to a dialogue model checkpoint, or answer conversations read from a file",
         description="Without input: type a turn, read the model's reply; an empty line ends. "
         "With input=<file or ->: one conversation a line, turns ended by __eou__; the reply to "
         "each is written, one a line, to output (default: standard output). Also max_tokens "
         "and the decode.* settings of translate.",
-    )
-    chat.add_argument(
-        "settings", nargs="*", metavar="KEY=VALUE", help="e.g. ckpt_path=... input=talks.txt"
     )
     prune = commands.add_parser(
         "prune",
@@ -91,8 +96,11 @@ def parser() -> argparse.ArgumentParser:
         "that are running, failed or were interrupted are left whole.",
     )
     prune.add_argument("directory", type=Path, help="a run, a sweep, or logs/")
-    generate = commands.add_parser(
+    settings_command(
+        commands,
         "generate",
+        "e.g. ckpt_path=<run>/checkpoints/"
+        "last.ckpt prompt=ROMEO: max_new_tokens=300 decode.strategy=nucleus decode.seed=1",
         help="continue a prompt with a language model checkpoint (task=lm)",
         description="Prints the prompt and its continuation by the model of the checkpoint ckpt_path. Settings "
         "are key=value in Hydra's override grammar: ckpt_path (required), prompt (default: "
@@ -103,32 +111,24 @@ def parser() -> argparse.ArgumentParser:
         "also takes: pe.scaling (linear, ntk, yarn), pe.scaling_factor, pe.original_max_len, "
         "pe.yarn_alpha, pe.yarn_beta.",
     )
-    generate.add_argument(
-        "settings", nargs="*", metavar="KEY=VALUE", help="e.g. ckpt_path=<run>/checkpoints/"
-        "last.ckpt prompt=ROMEO: max_new_tokens=300 decode.strategy=nucleus decode.seed=1",
-    )  # fmt: skip
-    tokenize = commands.add_parser(
+    settings_command(
+        commands,
         "tokenize",
+        "e.g. task=lm task.data.source=corpus task.data.dir=<corpus directory>",
         help="train a language model's tokenizer and encode its data into the cache, once",
         description="Takes train.py's settings (task=lm or experiment=lm_*, task.data.*) and "
         "builds what runs with them read: the tokenizer and each split's token stream, in "
         "parallel processes (task.data.num_threads), going on where a killed build stopped.",
     )
-    tokenize.add_argument(
-        "settings", nargs="*", metavar="KEY=VALUE",
-        help="e.g. task=lm task.data.source=corpus task.data.dir=<corpus directory>",
-    )  # fmt: skip
-    export = commands.add_parser(
+    settings_command(
+        commands,
         "export",
+        "ckpt_path=<run>/checkpoints/epoch_NNN.ckpt out=<new directory>",
         help="write a checkpoint's model as safetensors, a JSON config and tokenizer files",
         description="Writes into the new directory out: model.safetensors (the weights), "
         "config.json (hyperparameters and the run's record) and the tokenizer files. eval.py, "
         "translate, chat and generate take that directory as ckpt_path; loading it runs no code.",
     )
-    export.add_argument(
-        "settings", nargs="*", metavar="KEY=VALUE",
-        help="ckpt_path=<run>/checkpoints/epoch_NNN.ckpt out=<new directory>",
-    )  # fmt: skip
     return main
 
 

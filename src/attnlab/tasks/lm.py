@@ -54,7 +54,7 @@ from attnlab.data.stream import (
 from attnlab.data.task import TaskData
 from attnlab.data.text import available_cores, read_text
 from attnlab.settings import ConfigError, is_number, require_counts
-from attnlab.tokenizer import TokenizerSettings, build_once, cache_key, load_or_train
+from attnlab.tokenizer import TokenizerSettings, build_once, cache_key, cut, load_or_train
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,15 @@ class DocumentCorpus:
         return (train_end, max(train_end, tokens - valid)) if test else None
 
     def sample_lines(self, lines: int) -> list[str]:
-        every = (line for text in self.documents() for line in text.split("\n") if line.strip())
+        """`lines` pieces of at most SENTENCE_CHARACTERS: a sample whose size, and so
+        SentencePiece's memory, the setting bounds whatever the corpus's lines."""
+        every = (
+            piece
+            for text in self.documents()
+            for line in text.split("\n")
+            if line.strip()
+            for piece in cut(line)
+        )
         return reservoir(every, lines, np.random.default_rng(SAMPLE_SEED))
 
     def vocabulary_text(self, lines: int) -> str:

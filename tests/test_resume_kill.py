@@ -146,21 +146,8 @@ def test_more_drawn_kill_moments(seed, saves, uninterrupted, tmp_path):
     )
 
 
-ACCUMULATING_SAVE_KILL = pytest.mark.xfail(
-    reason="a kill during a save with accumulate_grad_batches=2 left a stale best checkpoint "
-    "(epoch_000.ckpt beside epoch_006.ckpt; weights and metric rows were exact): issue 55",
-    strict=False,
-)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "saves",
-    [
-        pytest.param(s, marks=ACCUMULATING_SAVE_KILL) if "accumulating" in s else s
-        for s in sorted(set(SAVES) - {"steps-every_5_steps"})
-    ],
-)
+@pytest.mark.parametrize("saves", sorted(set(SAVES) - {"steps-every_5_steps"}))
 def test_more_kills_during_a_save(saves, uninterrupted, tmp_path):
     test_a_run_killed_during_a_save_resumes_to_the_uninterrupted_run(saves, uninterrupted, tmp_path)
 

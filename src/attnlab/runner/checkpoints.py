@@ -223,6 +223,24 @@ def best_checkpoint(trainer: L.Trainer) -> ModelCheckpoint | None:
     return next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
 
 
+def drop_orphan_bests(keeper: ModelCheckpoint | None, resumed: Path) -> None:
+    """Remove the best checkpoints that a killed process wrote after `resumed`, the state this
+    run goes on from, which the restored best-checkpoint callback does not know: the resumed
+    run validates again and writes its own (killed between the best checkpoint's save and
+    last.ckpt's, such a file was left beside the run's best for good)."""
+    if keeper is None or keeper.dirpath is None or not resumed.is_file():
+        return
+    prefix = (keeper.filename or "").split("{")[0]
+    if not prefix:  # no name of the keeper's own to tell its files by
+        return
+    known = {Path(p).resolve() for p in (*keeper.best_k_models, keeper.best_model_path) if p}
+    since = resumed.stat().st_mtime
+    for path in Path(keeper.dirpath).glob(f"{prefix}*.ckpt"):
+        if path.resolve() not in known | {resumed.resolve()} and path.stat().st_mtime > since:
+            log.info("removing %s, written after the checkpoint this run resumes from", path)
+            path.unlink(missing_ok=True)
+
+
 class LatestCheckpoint(Checkpoint):
     """Keeps checkpoints/last.ckpt the latest state (see the module docstring). Ctrl-C, like
     SIGTERM, stops the run at the end of the current step (a second Ctrl-C stops it at once,
@@ -284,6 +302,8 @@ class LatestCheckpoint(Checkpoint):
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.saved_at = time.monotonic()
+        if trainer.is_global_zero and trainer.ckpt_path is not None:
+            drop_orphan_bests(best_checkpoint(trainer), Path(trainer.ckpt_path))
         if threading.current_thread() is threading.main_thread():
             handler = functools.partial(self.on_ctrl_c, trainer)
             self.previous_handler = signal.signal(signal.SIGINT, handler)

@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-dialogue bench-gpu bench-extrapolation bench-lm-data
+.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-dialogue bench-gpu bench-extrapolation bench-lm-data bench-lm-litdata
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ bench-extrapolation: install ## every encoding evaluated at 16x its training len
 
 bench-lm-data: install ## a generated 1 GB corpus: tokenization MB/s and peak memory vs nanoGPT's prepare.py approach, time to the first step -> BENCHMARKS.md
 	$(PY) benchmarks/lm_data.py
+
+bench-lm-litdata: install ## the token stream against LitData's optimized chunks, 256 MB (needs litdata installed beside attnlab: see the script) -> BENCHMARKS.md
+	$(PY) benchmarks/lm_litdata.py
 
 bench-lm: install ## nanoGPT's Shakespeare run over 3 seeds (vs its 1.88), Lightning vs a plain loop -> BENCHMARKS.md
 	$(PY) benchmarks/lm.py anchor

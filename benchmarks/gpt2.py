@@ -1,6 +1,7 @@
 """GPT-2 small's training step: attnlab's causal stack against nanoGPT's GPT, one process.
 
-    python benchmarks/gpt2.py            # on a CUDA GPU -> BENCHMARKS.md
+    python benchmarks/gpt2.py            # on a CUDA GPU -> BENCHMARKS.md (section gpt2)
+    python benchmarks/gpt2.py --cpu      # nanoGPT's Shakespeare size on the CPU (gpt2-cpu)
     python benchmarks/gpt2.py --smoke    # tiny, on the CPU, writes nothing
 
 nanoGPT's model.py is imported from ../shared/peers/nanogpt when the script runs (never
@@ -11,17 +12,26 @@ vocabulary 50,304, no biases, no dropout, tied embeddings, learned positions): t
 decay 0.1) on batches of 12 windows of random tokens, under bf16 autocast and torch.compile,
 timed alternately in `--rounds` rounds of `--steps` steps each: the median tokens/s, and MFU
 (attnlab.flops: 6N + 12·layers·width·context FLOPs per token, over the card's dense bf16
-peak). attnlab also with pe=rope, alibi and t5 at the same shape. `--smoke`: width 64,
-2 layers, context 64, uncompiled, float32, on the CPU.
+peak). attnlab also with pe=rope, alibi and t5 at the same shape. Then trainer=fsdp: the
+same model trained by train.py for a few steps on a generated corpus, sharded (one GPU) and
+not, from the same seed: both validation losses and step rates.
+
+`--cpu`: the same race at nanoGPT's Shakespeare size (4 layers, 4 heads, width 128, context
+64, 65 symbols), float32, eager, one thread, pe=learned. `--smoke`: width 64, 2 layers,
+context 64, uncompiled, float32, on the CPU; trainer=fsdp's leg is refused there (torch's
+FSDP needs a GPU), so only the unsharded one runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,6 +39,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import ROOT, documented, report
+from lm_data import generate_corpus, summary_value
 
 from attnlab.flops import flops_per_token, peak_flops
 from attnlab.model.architecture import Architecture
@@ -37,23 +48,46 @@ from attnlab.runner.job import compose_run, job_config
 from attnlab.runner.run import architecture_nodes
 
 NANOGPT = ROOT.parent / "shared" / "peers" / "nanogpt"
-VOCAB = 50304
-SMOKE_MODEL = [
-    "model.d_model=64", "model.n_heads=2", "model.n_layers=2", "model.d_ff=256",
-    "pe.max_len=64",
-]  # fmt: skip
 PES = {"learned": [], "rope": ["~pe.max_len"], "alibi": ["~pe.max_len"], "t5": ["~pe.max_len"]}
+QUIET = ["callbacks.progress_bar.refresh_rate=0", "extras.print_config=false"]
 
 
-def attnlab_model(pe: str, smoke: bool) -> tuple[torch.nn.Module, Architecture]:
+@dataclass(frozen=True)
+class Mode:
+    device: str
+    shape: list[str]  # model overrides of experiment=lm_gpt2_small
+    context: int
+    vocab: int
+    compiled: bool
+    pes: tuple[str, ...]
+    batch_steps_rounds: tuple[int, int, int] | None  # None: the command line's
+
+
+MODES = {
+    "gpu": Mode("cuda", [], 1024, 50304, True, tuple(PES), None),
+    "cpu": Mode(
+        "cpu",
+        ["model.d_model=128", "model.n_heads=4", "model.n_layers=4", "model.d_ff=512",
+         "pe.max_len=64"],
+        64, 65, False, ("learned",), (12, 5, 7),
+    ),
+    "smoke": Mode(
+        "cpu",
+        ["model.d_model=64", "model.n_heads=2", "model.n_layers=2", "model.d_ff=256",
+         "pe.max_len=64"],
+        64, 50304, False, tuple(PES), (2, 2, 2),
+    ),
+}  # fmt: skip
+
+
+def attnlab_model(pe: str, mode: Mode) -> tuple[torch.nn.Module, Architecture]:
     overrides = ["experiment=lm_gpt2_small", f"pe={pe}", *PES[pe]]
-    if smoke:
-        overrides += [o for o in SMOKE_MODEL if pe == "learned" or "max_len" not in o]
+    overrides += [o for o in mode.shape if pe == "learned" or "max_len" not in o]
     arch = Architecture.from_config(architecture_nodes(job_config(compose_run("train", overrides))))
-    return DecoderLM(arch.model, arch.attention, VOCAB), arch
+    return DecoderLM(arch.model, arch.attention, mode.vocab), arch
 
 
-def nanogpt_model(arch: Architecture, context: int) -> torch.nn.Module | None:
+def nanogpt_model(arch: Architecture, context: int, vocab: int) -> torch.nn.Module | None:
     if not (NANOGPT / "model.py").is_file():
         return None
     sys.path.insert(0, str(NANOGPT))
@@ -61,7 +95,7 @@ def nanogpt_model(arch: Architecture, context: int) -> torch.nn.Module | None:
 
     m = arch.model
     config = GPTConfig(
-        block_size=context, vocab_size=VOCAB, n_layer=m.n_layers, n_head=m.n_heads,
+        block_size=context, vocab_size=vocab, n_layer=m.n_layers, n_head=m.n_heads,
         n_embd=m.d_model, dropout=0.0, bias=False,
     )  # fmt: skip
     return GPT(config)
@@ -110,34 +144,24 @@ def seconds_of(step: Callable[[], None], steps: int, device: torch.device) -> fl
     return (time.perf_counter() - start) / steps
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=12)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
-    at_documented = documented(parser, args)
-    if not args.smoke and not torch.cuda.is_available():
-        raise SystemExit("benchmarks/gpt2.py needs a CUDA GPU (or --smoke, on the CPU)")
-    device = torch.device("cuda" if not args.smoke else "cpu")
-    batch, steps, rounds = (2, 2, 2) if args.smoke else (args.batch, args.steps, args.rounds)
-    context = 64 if args.smoke else 1024
+def race(mode: Mode, batch: int, steps: int, rounds: int) -> tuple[list[str], str]:
+    """The table rows of attnlab's models and nanoGPT's, timed alternately, and the
+    device's name."""
+    device = torch.device(mode.device)
     tokens = torch.randint(
-        0, VOCAB, (batch, context + 1), generator=torch.Generator().manual_seed(0)
-    )
-    tokens = tokens.to(device)
+        0, mode.vocab, (batch, mode.context + 1), generator=torch.Generator().manual_seed(0)
+    ).to(device)
     torch.manual_seed(0)
     models: dict[str, tuple[Callable[[], None], float]] = {}
-    for pe in PES:
-        net, arch = attnlab_model(pe, args.smoke)
+    for pe in mode.pes:
+        net, arch = attnlab_model(pe, mode)
         net = net.to(device)
-        flops = flops_per_token(net, arch.model.d_model, context)
-        compiled = not args.smoke
-        models[f"attnlab pe={pe}"] = (step_of(net, attnlab_loss, tokens, device, compiled), flops)
-        peer = nanogpt_model(arch, context) if pe == "learned" else None
+        flops = flops_per_token(net, arch.model.d_model, mode.context)
+        step = step_of(net, attnlab_loss, tokens, device, mode.compiled)
+        models[f"attnlab pe={pe}"] = (step, flops)
+        peer = nanogpt_model(arch, mode.context, mode.vocab) if pe == "learned" else None
         if peer is not None:  # the same shape: the same FLOPs per token
-            step = step_of(peer.to(device), nanogpt_loss, tokens, device, compiled)
+            step = step_of(peer.to(device), nanogpt_loss, tokens, device, mode.compiled)
             models["nanoGPT GPT"] = (step, flops)
     for step, _ in models.values():
         step()  # compiles, warms up
@@ -150,25 +174,99 @@ def main() -> None:
     baseline = "nanoGPT GPT" if "nanoGPT GPT" in models else "attnlab pe=learned"
     rows = []
     for label, (_, flops) in models.items():
-        seconds = statistics.median(times[label])
-        rate = batch * context / seconds
+        rate = batch * mode.context / statistics.median(times[label])
         mfu = f"{rate * flops / peak:.1%}" if peak else "n/a (no peak for this device)"
-        ratio = statistics.median(times[baseline]) / seconds
-        rows.append(f"| {label} | {rate:,.0f} | {ratio:.2f}× | {mfu} |")
-    absent = (
-        ""
-        if "nanoGPT GPT" in models
-        else f"\nnanoGPT's model.py is absent ({NANOGPT}): no row for it.\n"
-    )
-    body = f"""## GPT-2 small's training step against nanoGPT's (`benchmarks/gpt2.py`)
+        ratios = [b / t for b, t in zip(times[baseline], times[label], strict=True)]
+        spread = f"{statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f})"
+        rows.append(f"| {label} | {rate:,.0f} | {spread} | {mfu} |")
+    if "nanoGPT GPT" not in models:
+        rows.append(
+            f"\nnanoGPT's model.py is absent ({NANOGPT}): no row for it, ratios to pe=learned."
+        )
+    return rows, f"{name}, torch {torch.__version__}"
 
-{name}, torch {torch.__version__}; batch {batch} x {context} tokens, bf16 autocast, compiled,
-fused AdamW; median of {rounds} alternated rounds of {steps} steps. Ratio: tokens/s over the
-{baseline}'s.
-{absent}
+
+def smoke_run() -> list[str]:
+    """train.py overrides of the smoke shape, its windows shortened to its positions."""
+    return [*MODES["smoke"].shape, "task.data.block_size=64", "task.data.batch_size=2",
+            "task.data.eval_lengths=[64]"]  # fmt: skip
+
+
+def fsdp_rows(smoke: bool) -> list[str]:
+    """train.py at GPT-2 small on a generated 16 MB corpus, 20 steps, unsharded and under
+    trainer=fsdp on one GPU, from the same seed: the validation loss and the step rate."""
+    legs = {"trainer=cpu": ["trainer=cpu"]} if smoke else {
+        "trainer=gpu": ["trainer=gpu"], "trainer=fsdp": ["trainer=fsdp", "trainer.devices=1"],
+    }  # fmt: skip
+    steps = 2 if smoke else 20
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        corpus = Path(scratch) / "corpus"
+        generate_corpus(corpus, 16)
+        for label, trainer in legs.items():
+            command = [
+                sys.executable, "train.py", "experiment=lm_gpt2_small", f"task.data.dir={corpus}",
+                "task.data.tokenizer=char", "task.data.val_tokens=65536",
+                "task.data.tokens_per_step=null", f"trainer.max_steps={steps}",
+                f"trainer.val_check_interval={steps}", f"paths.root_dir={scratch}/{label.split('=')[1]}",
+                f"paths.data_dir={scratch}/cache", "seed=0", *trainer, *QUIET,
+                *(smoke_run() if smoke else []),
+            ]  # fmt: skip
+            started = time.perf_counter()
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"{label} failed:\n{done.stderr[-3000:]}")
+            seconds = time.perf_counter() - started
+            loss = summary_value(done.stdout, "val/loss")
+            rows.append(f"| {label} | {loss:.4f} | {seconds:.0f} |")
+    if smoke:
+        rows.append("| trainer=fsdp | not run: torch's FSDP needs a GPU | |")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cpu", action="store_true", help="nanoGPT's Shakespeare size, the CPU")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    at_documented = documented(parser, args, free=("cpu",))
+    mode = MODES["smoke" if args.smoke else "cpu" if args.cpu else "gpu"]
+    if mode.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpt2.py needs a CUDA GPU (or --cpu or --smoke, on the CPU)")
+    if mode is MODES["cpu"]:
+        torch.set_num_threads(1)
+    batch, steps, rounds = mode.batch_steps_rounds or (args.batch, args.steps, args.rounds)
+    rows, machine = race(mode, batch, steps, rounds)
+    precision = "bf16 autocast, compiled, fused AdamW" if mode.compiled else "float32, eager"
+    table = f"""{machine}, {torch.get_num_threads()} threads; batch {batch} x {mode.context} tokens,
+vocabulary {mode.vocab}, {precision}; {rounds} rounds of {steps} steps of each model,
+alternated. Ratio: tokens/s over the baseline's (nanoGPT's GPT) in each round, median (range).
+
 | model | tokens/s | ratio | MFU |
 |---|---|---|---|
 {chr(10).join(rows)}
+"""
+    if mode is MODES["cpu"]:
+        body = f"## GPT-2's stack at nanoGPT's Shakespeare size on the CPU (`benchmarks/gpt2.py --cpu`)\n\n{table}"
+        report("gpt2-cpu", body, at_documented)
+        return
+    fsdp = "\n".join(fsdp_rows(args.smoke))
+    body = f"""## GPT-2 small's training step against nanoGPT's (`benchmarks/gpt2.py`)
+
+{table}
+### trainer=fsdp
+
+train.py experiment=lm_gpt2_small on a generated 16 MB corpus (characters), batch 12 x 1,024,
+seed 0, 20 steps, unsharded and sharded over one GPU (the same data and initialization):
+the validation loss after them, and the wall time of each run (start-up and validation
+included).
+
+| trainer | val/loss | seconds |
+|---|---|---|
+{fsdp}
 """
     report("gpt2", body, at_documented and not args.smoke)
 

@@ -4,6 +4,7 @@ run at the documented settings writes BENCHMARKS.md."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -189,12 +190,15 @@ def test_the_extrapolation_benchmark_needs_none_for_its_ratios():
 
 def test_the_gpt2_benchmark_runs_in_smoke_mode_beside_nanogpts_model(tmp_path):
     result = run_smoke("gpt2.py", "--smoke", tmp_path=tmp_path)
-    rows = table_rows(result.stdout)[1:]
+    race, fsdp = result.stdout.split("### trainer=fsdp")
+    rows = table_rows(race)[1:]
     labels = [row.split(" | ")[0].lstrip("| ") for row in rows]
     expected = ["attnlab pe=learned", "attnlab pe=rope", "attnlab pe=alibi", "attnlab pe=t5"]
     if (ROOT.parent / "shared" / "peers" / "nanogpt" / "model.py").is_file():
         expected.insert(1, "nanoGPT GPT")
     assert labels == expected and all("n/a" in row for row in rows)  # no MFU on a CPU
+    unsharded, sharded = table_rows(fsdp)[1:]
+    assert float(unsharded.split(" | ")[1]) > 0 and "needs a GPU" in sharded
 
 
 def test_the_lm_data_benchmark_runs_in_smoke_mode(tmp_path):
@@ -204,3 +208,13 @@ def test_the_lm_data_benchmark_runs_in_smoke_mode(tmp_path):
     assert any(row.startswith("| attnlab tokenize, tokenizer trained first |") for row in rows)
     assert any(row.startswith("| nanoGPT's prepare.py approach |") for row in rows)
     assert "a run of 5 steps trains at" in result.stdout
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("litdata") is None,
+    reason="LitData is not installed (not one of attnlab's dependencies: see benchmarks/lm_litdata.py)",
+)
+def test_the_litdata_comparison_runs_in_smoke_mode(tmp_path):
+    result = run_smoke("lm_litdata.py", "--smoke", tmp_path=tmp_path)
+    rows = table_rows(result.stdout)[1:]
+    assert [row.split(" | ")[0].lstrip("| ") for row in rows] == ["attnlab", "litdata"]

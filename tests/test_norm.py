@@ -8,6 +8,7 @@ checked through the attention core.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -21,11 +22,13 @@ from attnlab.options import options, variant
 from attnlab.settings import ConfigError, build
 
 NORMS = options("norm")
-ROW_SHIFT_INVARIANT = {"softmax", "l2"}
+
+
+SCORES_SHAPE = replace(SHAPE, n_heads=3)  # the heads of scores_and_mask
 
 
 def normalizer(name: str, *overrides: str):
-    return build(variant("norm", name, *overrides))
+    return build(variant("norm", name, *overrides), shape=SCORES_SHAPE)
 
 
 def scores_and_mask(seed: int = 0, scale: float = 3.0):
@@ -46,13 +49,17 @@ def reference(name: str, s: torch.Tensor) -> torch.Tensor:
         "l2_act": lambda: F.silu(s) / (F.silu(s).square().sum() + 1e-6).sqrt(),
         "exp": lambda: s.exp(),
         "sigmoid": lambda: torch.sigmoid(s - math.log(n)),
+        "sink": lambda: s.exp() / (1 + s.exp().sum()),  # b = 0 at initialization
+        "off_by_one": lambda: s.exp() / (1 + s.exp().sum()),
+        "softpick": lambda: F.relu(s.exp() - 1) / ((s.exp() - 1).abs().sum() + 1e-8),
+        "ssmax": lambda: torch.softmax(math.log(n) * s, -1),  # s = 1 at initialization
     }[name]()
 
 
 @pytest.mark.parametrize("name", NORMS)
 def test_each_normalizer_is_its_formula_on_the_visible_keys(name):
     scores, mask = scores_and_mask()
-    weights = normalizer(name)(scores, mask)
+    weights = normalizer(name)(scores, mask, 0)
     for index in row_indices(scores):
         row, keep = scores[index], mask[index[0], 0, index[2]]
         torch.testing.assert_close(weights[index][keep], reference(name, row[keep]))
@@ -67,9 +74,9 @@ def row_indices(scores: torch.Tensor):
 def test_softmax_rows_sum_to_one_and_l2_rows_have_unit_norm():
     scores, mask = scores_and_mask(scale=10.0)
     torch.testing.assert_close(
-        normalizer("softmax")(scores, mask).sum(-1), torch.ones(2, 3, 5, dtype=torch.float64)
+        normalizer("softmax")(scores, mask, 0).sum(-1), torch.ones(2, 3, 5, dtype=torch.float64)
     )
-    l2 = normalizer("l2")(scores, mask)
+    l2 = normalizer("l2")(scores, mask, 0)
     torch.testing.assert_close(l2.norm(dim=-1), torch.ones(2, 3, 5, dtype=torch.float64))
 
 
@@ -83,7 +90,7 @@ def test_extreme_scores_and_fully_masked_rows_stay_finite(name, dtype):
     mask = torch.tensor([[True, True, True, True], [True, True, True, True], [False] * 4])[
         None, None
     ]
-    weights = normalizer(name)(scores, mask)
+    weights = normalizer(name)(scores, mask, 0)
     weights.sum().backward()
     assert torch.isfinite(weights).all() and torch.isfinite(scores.grad).all()
     assert (weights[..., 2, :] == 0).all(), "a row with no visible key must be all zero"
@@ -92,7 +99,7 @@ def test_extreme_scores_and_fully_masked_rows_stay_finite(name, dtype):
 def test_exp_without_a_clamp_ignores_a_masked_score_that_would_overflow():
     scores = torch.tensor([[[[1.0, 200.0, 3.0]]]], requires_grad=True)
     mask = torch.tensor([[[[True, False, True]]]])
-    weights = normalizer("exp", "max_score=null")(scores, mask)
+    weights = normalizer("exp", "max_score=null")(scores, mask, 0)
     weights.sum().backward()
     torch.testing.assert_close(weights[0, 0, 0], torch.tensor([math.e, 0.0, math.exp(3.0)]))
     assert torch.isfinite(scores.grad).all()
@@ -104,8 +111,8 @@ def test_shift_invariance_holds_exactly_for_softmax_and_l2(shift, seed):
     scores, mask = scores_and_mask(seed)
     for name in NORMS:
         norm = normalizer(name)
-        same = torch.allclose(norm(scores + shift, mask), norm(scores, mask), atol=1e-9)
-        if name in ROW_SHIFT_INVARIANT:
+        same = torch.allclose(norm(scores + shift, mask, 0), norm(scores, mask, 0), atol=1e-9)
+        if norm.shift_invariant:
             assert same, name
         elif abs(shift) > 1:
             assert not same, f"{name} should change under a per-row shift of {shift}"
@@ -141,7 +148,7 @@ def test_a_key_bias_matters_only_for_normalizers_that_are_not_shift_invariant(na
     x, q, k, v = random_qkv()
     b_k = torch.randn(1, SHAPE.n_heads, 1, SHAPE.head_dim, dtype=torch.float64)
     same = torch.allclose(nope_attention(name, x, q, k + b_k, v), nope_attention(name, x, q, k, v))
-    assert same == (name in ROW_SHIFT_INVARIANT)
+    assert same == normalizer(name).shift_invariant
 
 
 def test_under_softmax_a_value_bias_passes_through():
@@ -156,14 +163,14 @@ def test_exp_l2_leaks_position_under_a_causal_mask_with_identical_tokens():
     """Design notes §1.3: row sums of exactly √i for identical tokens (1-indexed)."""
     scores = torch.zeros(1, 1, 6, 6, dtype=torch.float64)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
-    row_sums = normalizer("l2")(scores, causal).sum(-1)[0, 0]
+    row_sums = normalizer("l2")(scores, causal, 0).sum(-1)[0, 0]
     torch.testing.assert_close(row_sums, torch.arange(1, 7, dtype=torch.float64).sqrt())
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e3, -1e3])
 def test_l2_of_equal_scores_is_one_over_root_n_in_float32_at_any_scale(scale):
     scores = torch.full((1, 1, 3, 4), scale, dtype=torch.float32)
-    weights = normalizer("l2")(scores, None)
+    weights = normalizer("l2")(scores, None, 0)
     assert torch.equal(weights, torch.full_like(weights, 0.5)), "no cancellation error"
 
 
@@ -183,32 +190,39 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 def test_low_precision_scores_are_normalized_in_float32_and_returned_in_their_dtype(name, dtype):
     scores, mask = scores_and_mask(scale=30.0)
     low = scores.to(dtype)
-    weights = normalizer(name)(low, mask)
+    weights = normalizer(name)(low, mask, 0)
     assert weights.dtype == dtype
     # the formula in float64 on the same rounded scores; only the output is rounded again
-    exact = normalizer(name)(low.double(), mask)
+    exact = normalizer(name)(low.double(), mask, 0)
     torch.testing.assert_close(weights.double(), exact, rtol=UNIT_ROUNDOFF[dtype], atol=6e-8)
 
 
 def test_exp_refuses_float16_and_names_the_precisions_that_work():
     scores = torch.zeros(1, 1, 2, 2)
     with pytest.raises(ConfigError, match="bf16-mixed or 32-true"):
-        normalizer("exp")(scores.half(), None)
+        normalizer("exp")(scores.half(), None, 0)
     with torch.autocast("cpu", dtype=torch.float16), pytest.raises(ConfigError, match="16-mixed"):
-        normalizer("exp")(scores, None)
+        normalizer("exp")(scores, None, 0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert torch.equal(normalizer("exp")(scores, None), torch.ones_like(scores))
+        assert torch.equal(normalizer("exp")(scores, None, 0), torch.ones_like(scores))
 
 
 def test_an_exp_l2_row_sum_is_largest_and_flat_where_the_rows_scores_are_equal():
     """Σ_j w_ij = ‖e^s‖₁ / ‖e^s‖₂ ≤ √n, with equality at equal scores: there its gradient is
     zero, so a PE whose score terms start near zero learns slowly through the row sums."""
-    norm = build(variant("norm", "l2"))
+    norm = build(variant("norm", "l2"), shape=SCORES_SHAPE)
     equal = torch.full((1, 1, 1, 6), 0.3, dtype=torch.float64, requires_grad=True)
-    (gradient,) = torch.autograd.grad(norm(equal, None).sum(), equal)
-    assert norm(equal, None).sum().item() == pytest.approx(6**0.5)
+    (gradient,) = torch.autograd.grad(norm(equal, None, 0).sum(), equal)
+    assert norm(equal, None, 0).sum().item() == pytest.approx(6**0.5)
     assert gradient.abs().max().item() < 1e-12
     spread = torch.linspace(0.0, 0.5, 6, dtype=torch.float64).view(1, 1, 1, 6).requires_grad_()
-    (gradient,) = torch.autograd.grad(norm(spread, None).sum(), spread)
-    assert norm(spread, None).sum().item() < 6**0.5
+    (gradient,) = torch.autograd.grad(norm(spread, None, 0).sum(), spread)
+    assert norm(spread, None, 0).sum().item() < 6**0.5
     assert gradient.abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_rows_sum_to_one_exactly_where_the_normalizer_declares_it(name):
+    scores, mask = scores_and_mask(scale=5.0)
+    sums = normalizer(name)(scores, mask, 0).sum(-1)
+    assert torch.allclose(sums, torch.ones_like(sums)) == normalizer(name).rows_sum_to_one

@@ -169,10 +169,23 @@ def test_fixed_random_is_excluded_from_the_total_although_it_is_in_the_state_dic
     )
 
 
+# one learned number per layer and head: the sink logit b, SSMax's scale s
+LEARNED_PER_HEAD = {"sink", "ssmax"}
+
+
 @pytest.mark.parametrize("norm", options("norm"))
-def test_no_normalizer_has_trainable_parameters(norm):
+def test_normalizers_learn_one_number_per_layer_and_head_or_none(norm):
     counts = parameter_counts(tagger(attention(norm=norm)))
-    assert counts == {"total": tagger_total(standard_block()), "pe": 0, "synthesizer": 0, "norm": 0}
+    own = LAYERS * HEADS if norm in LEARNED_PER_HEAD else 0
+    assert counts == {
+        "total": tagger_total(standard_block(), own), "pe": 0, "synthesizer": 0, "norm": own,
+    }  # fmt: skip
+
+
+def test_an_output_gate_adds_one_projection_without_bias_per_layer():
+    for gate, width in (("headwise", HEADS), ("elementwise", D)):
+        counts = parameter_counts(tagger(attention(), output_gate=gate))
+        assert counts["total"] == tagger_total(standard_block(), LAYERS * D * width)
 
 
 def encoder_decoder_total(block: int = standard_block(), extra: int = 0) -> int:

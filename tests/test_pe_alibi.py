@@ -89,7 +89,7 @@ def test_attention_output_is_the_textbook_formula(norm, fast):
     mask = attention_mask(pos, pos, None, causal=True)
     out = attend(parts, 0, x, q, k, v, pos, pos, mask, Compute(fast=fast))
     bias = reference_bias(alibi_slopes(SHAPE.n_heads), pos.tolist(), pos.tolist())
-    torch.testing.assert_close(out, parts.norm(scores_with(bias, q, k), mask) @ v)
+    torch.testing.assert_close(out, parts.norm(scores_with(bias, q, k), mask, 0) @ v)
 
 
 def test_longer_sequences_than_seen_need_no_new_parameters(causal_alibi):
@@ -120,6 +120,6 @@ def test_the_fairseq_shortcut_holds_only_for_shift_invariant_normalizers(norm, t
     mask = attention_mask(pos, pos, None, causal=True)
     true_bias = parts.pe.score_bias(q, k, pos, pos, 0)
     shortcut = (parts.pe.slopes[:, None, None] * pos.double())[None].expand_as(true_bias)
-    weights = parts.norm(scores_with(true_bias, q, k), mask)
-    shortcut_weights = parts.norm(scores_with(shortcut, q, k), mask)
+    weights = parts.norm(scores_with(true_bias, q, k), mask, 0)
+    shortcut_weights = parts.norm(scores_with(shortcut, q, k), mask, 0)
     assert torch.allclose(weights, shortcut_weights) == trick_is_exact

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from helpers import SHAPE
 
-from attnlab.options import options
+from attnlab.options import options, variant
+from attnlab.settings import build
 from attnlab.studies.permutation import EXACT, PROPERTIES, configurations, measure, predict
 
 CONFIGURATIONS = {label: (choice, causal) for label, choice, causal in configurations()}
@@ -29,8 +31,9 @@ def test_without_positions_every_normalizer_keeps_the_set_symmetries(norm):
     found = holds(f"norm={norm}")
     assert found["keys"] and found["queries"] and found["stack"]
     assert not found["query bias"]  # b·k_j differs from key to key: a change in every row
-    assert found["key bias"] == (norm in ("softmax", "l2"))  # invariant to a per-row shift
-    assert found["value bias"] == (norm == "softmax")  # rows sum to 1
+    declared = build(variant("norm", norm), shape=SHAPE)  # checked against behaviour: test_norm
+    assert found["key bias"] == declared.shift_invariant  # invariant to a per-row shift
+    assert found["value bias"] == declared.rows_sum_to_one
 
 
 def test_a_causal_mask_and_every_pe_break_the_stacks_equivariance():

@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import every_combination, refused_unless
+from helpers import SHAPE, every_combination, refused_unless
 from omegaconf import DictConfig
 
-from attnlab.options import causal_only, options
+from attnlab.options import causal_only, options, variant
 from attnlab.runner.run import build_datamodule, build_system
-from attnlab.settings import ConfigError
+from attnlab.settings import ConfigError, build
 from attnlab.studies.probe import chance_bound, predict
 from attnlab.tasks.probe import ZERO, probe_example
 
 # q·k must vary visibly with position for a difference to show: a larger init than training uses.
 WIDE_INIT = ["model=tiny", "model.init_std=0.3", "model.dropout=0.0"]
 SCORE_ONLY_PES = ["none", "rope", "t5", "alibi", "xl", "deberta"]
-ROW_STOCHASTIC = ["softmax"]
+ROW_STOCHASTIC = [
+    n for n in options("norm") if build(variant("norm", n), shape=SHAPE).rows_sum_to_one
+]
+# softpick's rows sum to 1 (less an ε/i) when every score is positive and to less where some
+# are not: whether a configuration tells positions apart depends on the scores' signs, which
+# the prediction's one question, do rows sum to 1, does not capture (left out here)
+SIGN_DEPENDENT = ["softpick"]
 
 
 def position_spread(make_config, overrides: list[str], perturb_pe: bool = False) -> float:
@@ -83,7 +89,13 @@ def test_urpe_breaks_the_symmetry_once_its_toeplitz_matrix_moves_from_one(make_c
 
 @pytest.mark.parametrize(
     "pe,norm,markers,causal",
-    every_combination(options("pe"), options("norm"), [False, True], [False, True], strength=1),
+    every_combination(
+        options("pe"),
+        [n for n in options("norm") if n not in SIGN_DEPENDENT],
+        [False, True],
+        [False, True],
+        strength=1,
+    ),  # fmt: skip
 )
 def test_the_studies_prediction_says_which_configurations_give_position_dependent_outputs(
     pe, norm, markers, causal, make_config

@@ -238,10 +238,36 @@ def fits(names: list[str], value: Any) -> bool:
     return any(kinds[name] for name in names)
 
 
+VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def options_of(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
+    """The named options `cls` takes, and whether it takes any other. An attnlab class whose
+    constructor passes **options on to its attnlab parent's (a variant stating only what
+    differs from its parent, as PRoPE from RoPE) takes the parent's options too, and no
+    others; a **options that goes anywhere else takes any."""
+    found: dict[str, inspect.Parameter] = {}
+    constructors = [k for k in cls.__mro__ if "__init__" in vars(k) and k is not object]
+    if not constructors:  # object's, or one Python cannot see into
+        parameters = list(inspect.signature(cls).parameters.values())
+        variadic = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+        return {p.name: p for p in parameters if p.kind not in VARIADIC}, variadic
+    for klass, parent in zip(constructors, [*constructors[1:], None], strict=True):
+        parameters = list(inspect.signature(klass.__init__).parameters.values())[1:]  # self
+        for parameter in parameters:
+            if parameter.kind not in VARIADIC:
+                found.setdefault(parameter.name, parameter)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return found, False
+        if parent is None or not parent.__module__.startswith("attnlab."):
+            return found, True
+    return found, False
+
+
 def check_types(label: str, cls: type, params: Mapping[str, Any]) -> None:
     """ConfigError for the first option whose value is not of its scalar annotation's type
     (options of other annotations are the class's to check)."""
-    accepted = inspect.signature(cls).parameters
+    accepted, _ = options_of(cls)
     for name, value in params.items():
         names = scalar_annotation(accepted[name].annotation) if name in accepted else None
         if names is not None and not fits(names, value):
@@ -264,7 +290,7 @@ def build(
     target = params.pop("_target_")
     label = params.get("name", target)
     cls = own_class(target, roots)
-    accepted = inspect.signature(cls).parameters
+    accepted, _ = options_of(cls)
     for key in METADATA:
         if key not in accepted:  # a logger's name is its own setting
             params.pop(key, None)
@@ -278,8 +304,7 @@ def check_options(
 ) -> None:
     """ConfigError for an option `cls` does not take, or of the wrong scalar type; the
     options listed are those the config may set (not the `provided` ones)."""
-    accepted = inspect.signature(cls).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    accepted, takes_any = options_of(cls)
     unknown = sorted(set(params) - set(accepted)) if not takes_any else []
     if unknown:
         valid = sorted(set(accepted) - set(provided))
@@ -294,11 +319,10 @@ def check_complete(
 ) -> None:
     """ConfigError for an option `cls` needs that neither the config nor `provided` gives
     (defaults live in the YAML, so a node that lost one has no fallback)."""
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     missing = [
         name
-        for name, parameter in inspect.signature(cls).parameters.items()
-        if parameter.default is inspect.Parameter.empty and parameter.kind not in variadic
+        for name, parameter in options_of(cls)[0].items()
+        if parameter.default is inspect.Parameter.empty
         and name not in params and name not in provided
     ]  # fmt: skip
     if missing:
@@ -312,7 +336,7 @@ def settings_node(cls: type[T], label: str, node: Mapping[str, Any], **given: An
     """`cls` (a settings dataclass) from the config node `label`, with `given` beside its
     keys; a ConfigError for a key it does not take, a missing or a mistyped one."""
     if not isinstance(node, Mapping):
-        names = [name for name in inspect.signature(cls).parameters if name not in given]
+        names = [name for name in options_of(cls)[0] if name not in given]
         raise ConfigError(f"{label}={node!r} must be a node of settings ({', '.join(names)})")
     check_options(label, cls, node, given)
     check_complete(label, cls, node, given)

@@ -94,7 +94,9 @@ class AttentionParts(nn.Module):
     def from_config(
         cls, pe: dict, norm: dict, synthesizer: dict, shape: StackShape
     ) -> AttentionParts:
-        return cls(build(pe, shape=shape), build(norm), build(synthesizer, shape=shape))
+        return cls(
+            build(pe, shape=shape), build(norm, shape=shape), build(synthesizer, shape=shape)
+        )
 
     @property
     def needs_query(self) -> bool:
@@ -297,7 +299,7 @@ def _weights(
         q, scale = _scaled_dot(parts, dot, q)
         extra = _add(torch.matmul(q * scale, k.transpose(-2, -1)), extra)
     assert extra is not None, "a synthesizer must give a dot product, logits or both"
-    return parts.pe.reweight(parts.norm(extra, mask), q_pos, k_pos, layer)
+    return parts.pe.reweight(parts.norm(extra, mask, layer), q_pos, k_pos, layer)
 
 
 def rotate_and_cache(
@@ -339,11 +341,20 @@ class KVCache:
         self.v = None if self.v is None else self.v.index_select(0, index)
 
 
+OUTPUT_GATES = (None, "headwise", "elementwise")
+
+
 class Attention(nn.Module):
     """Multi-head attention for one layer: projections and cache here, composition in `attend`.
 
     Self-attention projects q, k and v from x in one matmul, skipping q or k when neither the
     synthesizer nor the PE reads them; cross-attention projects q from x and k, v from memory.
+
+    `output_gate` (gated attention, Qiu et al. 2025, arXiv 2505.06708, their G1 position):
+    each head's output o_h, before the output projection, is multiplied by σ(x W_g), x the
+    layer's (normalized) input at the query's position: one gate per head ("headwise") or
+    one per output dimension of each head ("elementwise", the paper's best); W_g has no bias,
+    as in the paper's Y' = Y ⊙ σ(X W_θ).
     """
 
     def __init__(
@@ -357,10 +368,13 @@ class Attention(nn.Module):
         init_std: float = 0.02,
         out_std: float = 0.02,
         compute: Compute = Compute(),
+        output_gate: str | None = None,
     ) -> None:
         super().__init__()
         h, d = shape.n_heads, shape.d_model
         self.shape, self.layer, self.cross, self.compute = shape, layer, cross, compute
+        gates = {None: 0, "headwise": h, "elementwise": h * shape.value_dim}[output_gate]
+        self.gate = linear(d, gates, False, init_std) if gates else None
         q_width = h * shape.head_dim if needs_query else 0
         k_width = h * shape.head_dim if needs_key else 0
         self.widths = (q_width, k_width, h * shape.value_dim)
@@ -413,6 +427,9 @@ class Attention(nn.Module):
         q, k, v = self.project(x, parts, q_pos, k_pos, memory, cache)
         compute = self.compute.at(self.training)
         out = attend(parts, self.layer, x, q, k, v, q_pos, k_pos, mask, compute, is_causal)
+        if self.gate is not None:
+            gate = torch.sigmoid(split_heads(self.gate(x), self.shape.n_heads))  # [B, H, L, 1|dv]
+            out = out * gate.to(out.dtype)
         return self.out_proj(merge_heads(out))
 
     def weights(

@@ -17,36 +17,60 @@ HUB_BATCH = 1_000  # rows read from an Arrow table at a time
 HUB_SPLIT_NAMES = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
 
 
-def load_hub(
-    dataset: str, subset: str | None, revision: str | None, cache_dir: Path, hint: str
-) -> Any:
-    """A DatasetDict from the Hugging Face hub; fails fast, with `hint`, when it is unreachable."""
+def hub_modules(hint: str) -> tuple[Any, Any, Any, type[Exception]]:
+    """datasets, HfApi, huggingface_hub.constants and HfHubHTTPError, or one sentence."""
     try:
         import datasets
         from huggingface_hub import HfApi, constants
         from huggingface_hub.errors import HfHubHTTPError
     except ImportError:
         raise ConfigError(
-            f"task.data.source=hub needs the `datasets` package (pip install datasets); or {hint}"
+            f"the hub needs the `datasets` package (pip install datasets); or {hint}"
         ) from None
+    return datasets, HfApi, constants, HfHubHTTPError
 
-    def unreachable(error: Exception) -> ConfigError:
-        reason = f"{type(error).__name__}: {error}"
-        return ConfigError(
-            f"could not reach {dataset!r} on the Hugging Face hub ({reason}): {hint}"
-        )
 
+def unreachable(dataset: str, error: Exception, hint: str) -> ConfigError:
+    reason = f"{type(error).__name__}: {error}"
+    return ConfigError(f"could not reach {dataset!r} on the Hugging Face hub ({reason}): {hint}")
+
+
+def probe_hub(dataset: str, revision: str | None, hint: str) -> str:
+    """The commit of `dataset` at `revision` (a branch, tag or commit; None: the main
+    branch) as the hub gives it now, with a short timeout."""
+    _, HfApi, _, HfHubHTTPError = hub_modules(hint)
+    try:
+        info = HfApi().dataset_info(dataset, revision=revision, timeout=HUB_TIMEOUT_S)
+    except HfHubHTTPError as error:
+        raise ConfigError(
+            f"the hub refused dataset {dataset!r} ({error}): check task.data.dataset"
+        ) from None
+    except Exception as error:  # DNS, refused, timeout, proxy: the class is the HTTP
+        # library's (httpx, requests), which depends on the huggingface_hub version
+        raise unreachable(dataset, error, hint) from None
+    return info.sha
+
+
+def load_hub(
+    dataset: str, subset: str | None, revision: str | None, cache_dir: Path, hint: str
+) -> Any:
+    """A DatasetDict from the Hugging Face hub; fails fast, with `hint`, when it is unreachable."""
+    datasets, _, constants, _ = hub_modules(hint)
     if not constants.HF_HUB_OFFLINE:  # offline mode reads the HF cache: nothing to probe
-        try:
-            HfApi().dataset_info(dataset, revision=revision, timeout=HUB_TIMEOUT_S)
-        except HfHubHTTPError as error:
-            raise ConfigError(
-                f"the hub refused dataset {dataset!r} ({error}): check task.data.dataset"
-            ) from None
-        except Exception as error:  # DNS, refused, timeout, proxy: the class is the HTTP
-            # library's (httpx, requests), which depends on the huggingface_hub version
-            raise unreachable(error) from None
+        probe_hub(dataset, revision, hint)
     try:
         return datasets.load_dataset(dataset, subset, revision=revision, cache_dir=str(cache_dir))
     except ConnectionError as error:  # offline mode without a cached copy, or a lost download
-        raise unreachable(error) from None
+        raise unreachable(dataset, error, hint) from None
+
+
+def stream_hub(dataset: str, subset: str | None, commit: str, split: str, hint: str) -> Any:
+    """The rows of one split of `dataset` at `commit`, streamed as they are read (an
+    IterableDataset: nothing is downloaded ahead of them)."""
+    datasets, _, _, _ = hub_modules(hint)
+    try:
+        return datasets.load_dataset(dataset, subset, revision=commit, split=split, streaming=True)
+    except ValueError as error:  # datasets' unknown split or configuration
+        raise ConfigError(f"hub dataset {dataset!r} ({subset}): {error}") from None
+    except ConnectionError as error:
+        raise unreachable(dataset, error, hint) from None

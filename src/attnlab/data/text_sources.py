@@ -1,12 +1,13 @@
 """Where a language model's text comes from (`task.data.source`), as attnlab.tasks.lm reads
 it: a directory of {train,valid,test}.txt, one file cut by fractions, a hub dataset's text
-column (each split a text of its own), or a corpus of documents encoded as one stream whose
-held-out splits are its last tokens. Each gives its splits as units to encode, where a split
+column (each split a text of its own), or a corpus of documents, from files or streamed from
+the hub, encoded as one stream whose held-out splits are its last tokens. Each gives its splits as units to encode, where a split
 lies in its stream, and the lines a tokenizer is trained on.
 """
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from functools import cached_property
@@ -18,12 +19,13 @@ import numpy as np
 from attnlab.data.digest import file_digest
 from attnlab.data.documents import corpus_files, read_documents
 from attnlab.data.encoding import Unit, document_units, reservoir, text_units
-from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub
+from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub, probe_hub, stream_hub
 from attnlab.data.text import read_text
 from attnlab.settings import ConfigError, is_number, require_counts
 from attnlab.tokenizer import cut
 
-SOURCES = ("hub", "local", "corpus")
+SOURCES = ("hub", "local", "corpus", "hub_corpus")
+COMMIT = re.compile(r"[0-9a-f]{40}")
 UNIT_CHARACTERS = 1 << 22  # text handed to a tokenizing process at a time
 SPLITS = ("train", "valid", "test")
 SAMPLE_SEED = 0  # the SentencePiece training sample of lines: fixed across run seeds
@@ -197,36 +199,26 @@ class HubText(RunningText):
         return "".join(row.rstrip("\n") + "\n" for row in data[self.column])
 
 
-class DocumentCorpus:
-    """A directory of corpus files (attnlab.data.documents) encoded once, as one stream of
-    documents each followed by EOS: test is its last `test_tokens` tokens but `val_tokens`,
-    valid the last `val_tokens`, train all before them. The tokenizer is trained on lines
-    drawn uniformly from the whole corpus (held-out documents included: a vocabulary, not the
-    model, sees them)."""
+class Documents(ABC):
+    """A corpus of documents encoded once, as one stream of documents each followed by EOS:
+    test is its last `test_tokens` tokens but `val_tokens`, valid the last `val_tokens`, train
+    all before them. The tokenizer is trained on lines drawn uniformly from the whole corpus
+    (held-out documents included: a vocabulary, not the model, sees them)."""
 
-    def __init__(
-        self, directory: str, column: str, val_tokens: int, test_tokens: int, digests: Path
-    ) -> None:
+    def __init__(self, val_tokens: int, test_tokens: int) -> None:
         require_counts("task.data", val_tokens=val_tokens)
         require_counts("task.data", least=0, test_tokens=test_tokens)
-        self.directory = Path(directory).expanduser().resolve()
-        self.files = corpus_files(self.directory)
-        self.column, self.digests = column, digests
         self.held_out = {"valid": val_tokens, "test": test_tokens}
 
-    def identity(self, split: str) -> dict[str, Any]:
-        files = [
-            [str(path.relative_to(self.directory)), file_digest(path, self.digests)]
-            for path in self.files
-        ]
-        return {"source": "corpus", "column": self.column, "files": files}
-
-    def describe(self, split: str) -> str:
-        return f"the corpus in {self.directory} ({split})"
-
+    @abstractmethod
     def documents(self) -> Iterator[str]:
-        for path in self.files:
-            yield from read_documents(path, self.column)
+        """The corpus's documents, in its one order."""
+
+    @abstractmethod
+    def identity(self, split: str) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def describe(self, split: str) -> str: ...
 
     def units(self, split: str) -> Iterator[Unit]:
         return document_units(self.documents(), UNIT_CHARACTERS)
@@ -256,6 +248,81 @@ class DocumentCorpus:
         return "\n".join(self.sample_lines(lines))
 
 
+class DocumentCorpus(Documents):
+    """A directory of corpus files (attnlab.data.documents)."""
+
+    def __init__(
+        self, directory: str, column: str, val_tokens: int, test_tokens: int, digests: Path
+    ) -> None:
+        super().__init__(val_tokens, test_tokens)
+        self.directory = Path(directory).expanduser().resolve()
+        self.files = corpus_files(self.directory)
+        self.column, self.digests = column, digests
+
+    def identity(self, split: str) -> dict[str, Any]:
+        files = [
+            [str(path.relative_to(self.directory)), file_digest(path, self.digests)]
+            for path in self.files
+        ]
+        return {"source": "corpus", "column": self.column, "files": files}
+
+    def describe(self, split: str) -> str:
+        return f"the corpus in {self.directory} ({split})"
+
+    def documents(self) -> Iterator[str]:
+        for path in self.files:
+            yield from read_documents(path, self.column)
+
+
+class HubCorpus(Documents):
+    """A hub dataset's training split as a corpus, its rows streamed (nothing downloaded ahead
+    of the encoder; a resumed build reads the rows again up to where it stopped, without
+    encoding them). The stream is keyed by the commit that `revision` resolves to when first
+    read, and reads that commit only: a dataset updated later, or during a build, changes
+    nothing. A 40-hex revision is taken as the commit without asking the hub, so that a
+    stream built before is found offline."""
+
+    def __init__(
+        self, hub: tuple[str | None, str | None, str | None, str], val_tokens: int, test_tokens: int
+    ) -> None:
+        super().__init__(val_tokens, test_tokens)
+        dataset, self.subset, self.revision, self.column = hub
+        if not dataset:
+            raise ConfigError("task.data.source=hub_corpus needs task.data.dataset=<hub name>")
+        self.dataset: str = dataset
+        self.hint = (
+            "without network, pass task.data.revision=<the 40-hex commit of a stream built "
+            "before>, or task.data.source=corpus task.data.dir=<directory of corpus files>"
+        )
+
+    @cached_property
+    def commit(self) -> str:
+        if self.revision and COMMIT.fullmatch(self.revision):
+            return self.revision
+        return probe_hub(self.dataset, self.revision, self.hint)
+
+    def identity(self, split: str) -> dict[str, Any]:
+        return {
+            "source": "hub_corpus", "dataset": self.dataset, "subset": self.subset,
+            "commit": self.commit, "column": self.column,
+        }  # fmt: skip
+
+    def describe(self, split: str) -> str:
+        return f"hub dataset {self.dataset} ({self.subset}) at commit {self.commit} ({split})"
+
+    def documents(self) -> Iterator[str]:
+        rows = stream_hub(self.dataset, self.subset, self.commit, "train", self.hint)
+        for number, row in enumerate(rows):
+            text = row.get(self.column)
+            if not isinstance(text, str):
+                raise ConfigError(
+                    f"row {number} of {self.dataset!r} has no text column {self.column!r} "
+                    f"(it has {', '.join(row)}): set task.data.text_column"
+                )
+            if text.strip():
+                yield text
+
+
 def make_source(
     source: str,
     directory: str | None,
@@ -274,13 +341,13 @@ def make_source(
                 ".parquet files> (and no task.data.file)"
             )
         return DocumentCorpus(directory, hub[3], *held_out, cache / "digests")
-    if source == "hub":
+    if source in ("hub", "hub_corpus"):
         if directory is not None or file is not None:
             raise ConfigError(
-                "task.data.dir and task.data.file are read only with task.data.source=local: "
-                "add task.data.source=local to use them"
+                f"task.data.source={source} reads no task.data.dir or task.data.file: drop "
+                "them, or pass task.data.source=local (or corpus, for a directory) to read them"
             )
-        return HubText(*hub, cache / "hf")
+        return HubText(*hub, cache / "hf") if source == "hub" else HubCorpus(hub, *held_out)
     if (directory is None) == (file is None):
         raise ConfigError(
             "task.data.source=local needs one of task.data.dir=<directory of "

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from torch import nn
 
-from attnlab.attention.core import AttentionParts, Compute
+from attnlab.attention.core import OUTPUT_GATES, AttentionParts, Compute
 from attnlab.settings import (
     ARCHITECTURE,
     METADATA,
@@ -63,6 +63,7 @@ class ModelConfig:
     fast_attention: bool = True  # use F.scaled_dot_product_attention where it applies
     flex_attention: bool = False  # on CUDA, FlexAttention for softmax with t5/alibi/shaw terms
     attention_chunk: int | None = 512  # queries attended at once (recomputed in training)
+    output_gate: str | None = None  # self-attention's output gated: headwise | elementwise
     layer_norm_eps: float = 1e-5
     compile: bool = False  # torch.compile the network's forward (training and validation loss)
 
@@ -90,6 +91,10 @@ class ModelConfig:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}: "
                 "choose d_model as a multiple of n_heads"
+            )
+        if self.output_gate not in OUTPUT_GATES:
+            raise ConfigError(
+                f"model.output_gate={self.output_gate!r} is not one of: null, headwise, elementwise"
             )
         if self.attention_chunk is not None and self.attention_chunk < 1:
             raise ConfigError(

@@ -31,7 +31,7 @@ from attnlab.attention.core import (
 )
 from attnlab.model.architecture import ModelConfig
 from attnlab.model.block import CrossAttentionSublayer, LayerCache, StackInputs, out_std, residual
-from attnlab.settings import require_counts
+from attnlab.settings import ConfigError, require_counts
 from attnlab.shape import StackShape
 from attnlab.tensors import linear
 
@@ -106,6 +106,11 @@ class GAUBlock(nn.Module):
         self, cfg: ModelConfig, shape: StackShape, layer: int, parts: AttentionParts, cross: bool
     ) -> None:
         super().__init__()
+        if cfg.output_gate is not None:
+            raise ConfigError(
+                f"model.output_gate={cfg.output_gate} gates block=standard's attention; "
+                "block=gau gates its output already (U ⊙ AV): drop model.output_gate"
+            )
         self.norm_first = cfg.norm_first
         self.unit = GatedAttentionUnit(cfg, shape, layer, parts)
         self.norm = cfg.layer_norm()

@@ -1,4 +1,8 @@
-"""The normalizer interface: (scores [B, H, Lq, Lk], mask) -> attention weights.
+"""The normalizer interface: (scores [B, H, Lq, Lk], mask, layer) -> attention weights.
+
+One normalizer object serves every layer of a stack (built with its StackShape); one with
+parameters per layer and head (a sink logit, a scale) keeps them as `LayerHeads` and reads
+the row of `layer`.
 
 `mask` is boolean, broadcastable to the scores, True where a query may attend (None: all).
 Exp-based normalizers put −inf at masked scores before the exponential; the others apply
@@ -18,17 +22,40 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from attnlab.shape import StackShape
+
 
 class Normalizer(nn.Module):
     sdpa = False  # True only for softmax: F.scaled_dot_product_attention computes the same
+    shift_invariant = False  # w(s + c) = w(s) for a per-row constant c: a key bias does nothing
+    rows_sum_to_one = False  # Σ_j w_ij = 1 over the visible keys: a value bias passes through
 
-    def forward(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def __init__(self, shape: StackShape) -> None:
+        super().__init__()
+
+    def forward(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         """The weights of `normalize`, computed in float32 or wider, in the scores' dtype."""
         wide = scores.to(torch.promote_types(scores.dtype, torch.float32))
-        return self.normalize(wide, mask).to(scores.dtype)
+        return self.normalize(wide, mask, layer).to(scores.dtype)
 
-    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         raise NotImplementedError
+
+
+class LayerHeads(nn.Module):
+    """One number per layer and head, learned or fixed, read as [H, 1, 1] for the scores
+    [B, H, Lq, Lk] of one layer."""
+
+    def __init__(self, shape: StackShape, initial: float, learned: bool) -> None:
+        super().__init__()
+        values = torch.full((shape.n_layers, shape.n_heads), float(initial))
+        if learned:
+            self.values = nn.Parameter(values)
+        else:
+            self.register_buffer("values", values)
+
+    def forward(self, layer: int) -> Tensor:
+        return self.values[layer][:, None, None]
 
 
 def exp_normalize(

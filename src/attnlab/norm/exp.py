@@ -16,6 +16,7 @@ from torch import Tensor
 
 from attnlab.norm.base import Normalizer, exp_normalize
 from attnlab.settings import ConfigError
+from attnlab.shape import StackShape
 
 
 def in_float16(scores: Tensor) -> bool:
@@ -26,19 +27,19 @@ def in_float16(scores: Tensor) -> bool:
 
 
 class Exp(Normalizer):
-    def __init__(self, max_score: float | None) -> None:
-        super().__init__()
+    def __init__(self, shape: StackShape, max_score: float | None) -> None:
+        super().__init__(shape)
         self.max_score = max_score
 
-    def forward(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         if in_float16(scores):
             raise ConfigError(
                 "norm=exp gives weights up to e^max_score, beyond float16's range: train it "
                 "with trainer.precision=bf16-mixed or 32-true, not 16-mixed"
             )
-        return super().forward(scores, mask)
+        return super().forward(scores, mask, layer)
 
-    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         if self.max_score is not None:
             scores = scores.clamp_max(self.max_score)
         return exp_normalize(scores, mask, torch.exp)

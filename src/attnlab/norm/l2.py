@@ -20,5 +20,7 @@ def l2_normalize_exp(scores: Tensor) -> Tensor:
 
 
 class L2(Normalizer):
-    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    shift_invariant = True
+
+    def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         return exp_normalize(scores, mask, l2_normalize_exp)

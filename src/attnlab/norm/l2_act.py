@@ -15,6 +15,7 @@ from torch import Tensor
 
 from attnlab.norm.base import Normalizer, zero_masked
 from attnlab.settings import ConfigError
+from attnlab.shape import StackShape
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": F.silu,
@@ -26,14 +27,14 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 
 class L2Act(Normalizer):
-    def __init__(self, activation: str, eps: float) -> None:
-        super().__init__()
+    def __init__(self, shape: StackShape, activation: str, eps: float) -> None:
+        super().__init__(shape)
         if activation not in ACTIVATIONS:
             raise ConfigError(
                 f"norm.activation={activation!r} is not one of: {', '.join(ACTIVATIONS)}"
             )
         self.activation, self.eps = ACTIVATIONS[activation], eps
 
-    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         f = zero_masked(self.activation(scores), mask)
         return f * torch.rsqrt(f.square().sum(-1, keepdim=True) + self.eps)

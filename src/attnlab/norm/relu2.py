@@ -14,5 +14,5 @@ from attnlab.norm.base import Normalizer, visible_keys, zero_masked
 
 
 class ReLU2(Normalizer):
-    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         return zero_masked(F.relu(scores).square() / visible_keys(scores, mask), mask)

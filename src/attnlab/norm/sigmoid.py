@@ -11,13 +11,14 @@ import torch
 from torch import Tensor
 
 from attnlab.norm.base import Normalizer, visible_keys, zero_masked
+from attnlab.shape import StackShape
 
 
 class Sigmoid(Normalizer):
-    def __init__(self, bias: float | None) -> None:
-        super().__init__()
+    def __init__(self, shape: StackShape, bias: float | None) -> None:
+        super().__init__(shape)
         self.bias = bias
 
-    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         bias = -visible_keys(scores, mask).log() if self.bias is None else self.bias
         return zero_masked(torch.sigmoid(scores + bias), mask)

@@ -12,7 +12,9 @@ from attnlab.norm.base import Normalizer, exp_normalize
 
 
 class Softmax(Normalizer):
+    shift_invariant = True
+    rows_sum_to_one = True
     sdpa = True
 
-    def normalize(self, scores: Tensor, mask: Tensor | None) -> Tensor:
+    def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         return exp_normalize(scores, mask, lambda s: torch.softmax(s, -1))

@@ -203,11 +203,8 @@ class RoPE(PositionalEncoding):
 
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
         d = self.rotary_dim
-        if self.scaling is None:
-            theta = angles(pos, d, self.base)
-        else:
-            home = float64_home(pos.device)
-            theta = pos.to(home, torch.float64)[:, None] * self.frequencies.to(home)[None, :]
+        home = float64_home(pos.device)
+        theta = pos.to(home, torch.float64)[:, None] * self.frequencies.to(home)[None, :]
         out = rotate_by(x[..., :d], theta, self.layout)
         if d < x.shape[-1]:
             out = torch.cat((out, x[..., d:]), -1)

@@ -35,6 +35,7 @@ from attnlab.settings import (
     OUTPUT,
     ConfigError,
     flatten,
+    own_class,
 )  # fmt: skip
 from attnlab.stored import RECORD_KEY, read_checkpoint
 
@@ -298,14 +299,25 @@ def evaluation_options(config: dict[str, Any]) -> dict[str, Any]:
     """The settings of `config`'s pe (and of a PE inside it, such as URPE's base) that
     EVALUATION_OPTIONS lets eval.py change, flattened: {"pe.scaling": "yarn", ...}."""
     flat = flatten({"pe": config.get("pe") or {}})
-    nodes = {key.removesuffix("_target_"): target for key, target in flat.items()
-             if key.endswith("._target_") and target in EVALUATION_OPTIONS}  # fmt: skip
+    nodes = {key.removesuffix("_target_"): evaluation_names(target) for key, target in
+             flat.items() if key.endswith("._target_")}  # fmt: skip
     return {
         node + name: flat[node + name]
-        for node, target in nodes.items()
-        for name in EVALUATION_OPTIONS[target]
+        for node, names in nodes.items()
+        for name in names
         if node + name in flat
     }
+
+
+def evaluation_names(target: Any) -> tuple[str, ...]:
+    """The options of EVALUATION_OPTIONS for the class `target` names, or for the nearest of
+    its parents listed there (p-RoPE takes RoPE's); none for a class that is not attnlab's."""
+    try:
+        cls = own_class(target)
+    except ConfigError:
+        return ()
+    names = (f"{klass.__module__}.{klass.__qualname__}" for klass in cls.__mro__)
+    return next((EVALUATION_OPTIONS[name] for name in names if name in EVALUATION_OPTIONS), ())
 
 
 def with_settings(node: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:

@@ -45,8 +45,6 @@ from attnlab.shape import StackShape
 EXACT = 1e-10  # float64 deviations below this are rounding: the property holds
 LENGTH, BATCH = 8, 2
 SHAPE = StackShape(d_model=16, n_heads=2, head_dim=8, value_dim=8, n_layers=2, causal=False)
-SHIFT_INVARIANT = ("softmax", "l2")  # w(s + c) = w(s) for a per-row constant c
-ROWS_SUM_TO_ONE = ("softmax",)
 PROPERTIES = ("keys", "queries", "stack", "query bias", "key bias", "value bias")
 
 
@@ -159,7 +157,7 @@ def stack_deviation(choice: dict[str, str], causal: bool, perm: Tensor) -> float
 def predict(choice: dict[str, str], causal: bool) -> dict[str, bool]:
     """Whether each property should hold, from what the variants declare they do."""
     parts = build_parts(choice, causal)
-    pe, synthesizer = parts.pe, parts.synthesizer  # the bias claims: without a PE
+    pe, synthesizer, norm = parts.pe, parts.synthesizer, parts.norm  # bias claims: without a PE
     position_free = not causal and not pe.acts_in_attention
     rows_from_queries = synthesizer.plain_dot or choice["synthesizer"] in (
         "dense", "factorized_dense", "dense_vanilla",
@@ -169,8 +167,8 @@ def predict(choice: dict[str, str], causal: bool) -> dict[str, bool]:
         "queries": position_free and rows_from_queries,
         "stack": position_free and not pe.embeds and synthesizer.plain_dot,
         "query bias": not synthesizer.needs_query,
-        "key bias": not synthesizer.needs_key or choice["norm"] in SHIFT_INVARIANT,
-        "value bias": choice["norm"] in ROWS_SUM_TO_ONE,
+        "key bias": not synthesizer.needs_key or norm.shift_invariant,
+        "value bias": norm.rows_sum_to_one,
     }
 
 

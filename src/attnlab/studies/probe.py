@@ -47,7 +47,7 @@ class Prediction:
 
 def rows_sum_to_one(norm: Normalizer) -> bool:
     scores = torch.randn(1, 1, KEYS, KEYS, generator=torch.Generator().manual_seed(0))
-    sums = norm(scores.double(), None).sum(-1)
+    sums = norm(scores.double(), None, 0).sum(-1)
     return torch.allclose(sums, torch.ones_like(sums))
 
 
@@ -56,7 +56,7 @@ def sum_depends_on_count(norm: Normalizer) -> bool:
     that changes with i."""
     scores = torch.full((1, 1, KEYS, KEYS), 0.5, dtype=torch.float64)
     causal = torch.ones(KEYS, KEYS, dtype=torch.bool).tril()
-    sums = norm(scores, causal).sum(-1).flatten()
+    sums = norm(scores, causal, 0).sum(-1).flatten()
     return not torch.allclose(sums, sums[0].expand_as(sums))
 
 
@@ -74,7 +74,7 @@ def predict(
             f"the probe's prediction covers synthesizer=dot only, not "
             f"synthesizer={synthesizer.get('name')}: compare such runs with kind configurations"
         )
-    encoding, normalizer = build(pe, shape=replace(SHAPE, causal=causal)), build(norm)
+    encoding, normalizer = build(pe, shape=replace(SHAPE, causal=causal)), build(norm, shape=SHAPE)
     stochastic = rows_sum_to_one(normalizer)
     if encoding.embeds:
         return Prediction(True, "absolute PE: each position gets its own input vector")

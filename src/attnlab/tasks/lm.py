@@ -9,6 +9,8 @@ Sources (`source`):
          hub stops at once, naming the local alternative).
   corpus `dir`: .txt, .jsonl(.gz, .zst) and .parquet files of documents, one stream whose
          last `val_tokens` (and `test_tokens` before them) are held out.
+  hub_corpus  the training split of a hub `dataset` (FineWeb-Edu, OpenWebText) streamed as
+         documents, held out as a corpus; keyed by the commit `revision` resolves to.
 Each is a class of attnlab.data.text_sources.
 
 Tokenizers, the stream cache and evaluation windows: attnlab.data.stream. Training draws

@@ -71,7 +71,9 @@ def read_attnlab(directory: Path, windows: int) -> tuple[float, float]:
 
     started = time.perf_counter()
     data = TrainWindows(Stream(directory), BLOCK, windows)
-    loader = iter(DataLoader(data, BATCH, sampler=WindowSampler(data, num_replicas=1, rank=0, seed=0)))
+    loader = iter(
+        DataLoader(data, BATCH, sampler=WindowSampler(data, num_replicas=1, rank=0, seed=0))
+    )
     next(loader)
     first = time.perf_counter() - started
     started = time.perf_counter()

@@ -95,7 +95,7 @@ def test_urpe_breaks_the_symmetry_once_its_toeplitz_matrix_moves_from_one(make_c
         [False, True],
         [False, True],
         strength=1,
-    ),  # fmt: skip
+    ),
 )
 def test_the_studies_prediction_says_which_configurations_give_position_dependent_outputs(
     pe, norm, markers, causal, make_config

@@ -274,7 +274,8 @@ def rebuild(system_class: type[S], checkpoint: dict[str, Any], changes: dict[str
     from attnlab.model.architecture import Architecture
 
     accepted = inspect.signature(system_class).parameters
-    stored = {k: v for k, v in checkpoint["hyper_parameters"].items() if k in accepted}
+    recorded = {**system_class.recorded_before, **checkpoint["hyper_parameters"]}
+    stored = {k: v for k, v in recorded.items() if k in accepted}
     bound = inspect.signature(system_class).bind_partial(**(stored | changes))
     bound.apply_defaults()
     arguments = dict(bound.arguments)

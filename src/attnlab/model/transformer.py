@@ -183,7 +183,8 @@ class TokenEmbedding(nn.Module):
         self.scale = cfg.d_model**0.5 if cfg.embed_scale else 1.0
 
     def forward(self, tokens: Tensor) -> Tensor:
-        return F.embedding(tokens, self.weight) * self.scale
+        embedded = F.embedding(tokens, self.weight)
+        return embedded if self.scale == 1.0 else embedded * self.scale  # GPT-2's: unscaled
 
 
 class Tagger(nn.Module):

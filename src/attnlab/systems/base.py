@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -47,6 +48,9 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
 class System(L.LightningModule):
     net: nn.Module  # the network the subclass builds from `architecture`
     run_record: dict[str, Any] | None = None  # the run's overrides and config (RunRecord)
+    # options added after runs were recorded, with the value that does what those runs did:
+    # a checkpoint whose hyperparameters lack one is rebuilt with it (attnlab.stored.rebuild)
+    recorded_before: ClassVar[Mapping[str, Any]] = MappingProxyType({})
 
     def __init__(self, architecture: dict, optim: dict) -> None:
         super().__init__()

@@ -22,6 +22,7 @@ import logging
 import math
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -46,6 +47,8 @@ LN2 = math.log(2)
 
 
 class LMSystem(System):
+    recorded_before = MappingProxyType({"sink_windows": 0})
+
     def __init__(
         self,
         architecture: dict,
@@ -55,10 +58,11 @@ class LMSystem(System):
         sample_prompt: str,
         sample_tokens: int,
         decode: dict,
+        sink_windows: int,
         tokenizer: StreamTokenizer | None = None,
     ) -> None:
         super().__init__(architecture, optim)
-        require_counts("task.system", least=0, samples=samples)
+        require_counts("task.system", least=0, samples=samples, sink_windows=sink_windows)
         require_counts("task.system", sample_tokens=sample_tokens)
         if samples and not (isinstance(sample_prompt, str) and sample_prompt):
             raise ConfigError(
@@ -72,6 +76,8 @@ class LMSystem(System):
         self.not_applicable: list[int] = []
         self.sums: dict[tuple[str, int], Tensor] = {}  # (mode, L) -> [nll, tokens], float64
         self.by_position: dict[int, Tensor] = {}  # L -> [2, L]: nll and tokens per position
+        self.sink_windows = sink_windows
+        self.sinks: dict[int, Tensor] = {}  # L -> [layers + 1]: shares per layer, windows
 
     # the contract (attnlab.systems.base)
 
@@ -129,15 +135,38 @@ class LMSystem(System):
 
     def validation_step(self, batch: WindowBatch, batch_idx: int) -> None:
         self._accumulate(batch)
+        self._measure_sinks(batch)
 
     def test_step(self, batch: WindowBatch, batch_idx: int) -> None:
         self._accumulate(batch)
+        self._measure_sinks(batch)
+
+    def _measure_sinks(self, batch: WindowBatch) -> None:
+        """The attention sink of the first `sink_windows` whole windows of each length (none
+        where the split is shorter than the length): per layer, the weight that queries
+        1..L−1 give the window's first token, averaged over heads and queries (the share at
+        query 0 is 1 in causal attention, and left out)."""
+        fitting = self.trainer.state.fn == TrainerFn.FITTING
+        if not self.sink_windows or fitting or batch["mode"] != "ppl":
+            return
+        length = batch["length"]
+        sums = self.sinks.get(length)
+        done = 0 if sums is None else int(sums[-1])
+        inputs = self.inputs(batch["tokens"])
+        take = min(self.sink_windows - done, inputs.shape[0])
+        if take <= 0 or inputs.shape[1] != length:  # a split's last window may be shorter
+            return
+        maps = attention_maps(self.net, lambda: self.net(inputs[:take]))
+        shares = [weights[:, :, 1:, 0].double().mean((1, 2)).sum() for weights in maps.values()]
+        measured = torch.stack([*shares, torch.tensor(float(take), device=shares[0].device)])
+        self.sinks[length] = measured if sums is None else sums + measured
 
     def _reduced(self) -> tuple[dict[tuple[str, int], Tensor], dict[int, Tensor]]:
         """Every rank's sums, added (keys in a fixed order, so every rank reduces alike)."""
         reduce = self.trainer.strategy.reduce
         sums = {k: reduce(v, reduce_op="sum") for k, v in sorted(self.sums.items())}
         per = {k: reduce(v, reduce_op="sum") for k, v in sorted(self.by_position.items())}
+        self.sinks = {k: reduce(v, reduce_op="sum") for k, v in sorted(self.sinks.items())}
         self.sums, self.by_position = {}, {}
         return sums, per
 
@@ -163,6 +192,11 @@ class LMSystem(System):
             if not (self.trainer.sanity_checking or self.trainer.fast_dev_run) and self.samples:
                 self._log_samples()
             return
+        for length, measured in self.sinks.items():
+            by_layer = (measured[:-1] / measured[-1]).tolist()
+            results[str(length)].update(sink=sum(by_layer) / len(by_layer), sink_by_layer=by_layer)
+            self.log(f"{stage}/sink@{length}", sum(by_layer) / len(by_layer))
+        self.sinks = {}
         names = ("loss", "ppl", "ppl_sliding", *(("bpc", "bpc_sliding") if char else ()))
         for length in self.not_applicable:
             results[str(length)] = {"applicable": False}  # type: ignore[dict-item]

@@ -101,13 +101,14 @@ def make_parts(
     shape: StackShape | None = None,
 ) -> AttentionParts:
     """Attention parts from option names (real YAML defaults) or ready config dicts, for
-    `shape` or else SHAPE (causal where the pe works in causal self-attention only)."""
+    `shape` or else SHAPE (causal where the pe or norm works in causal self-attention only)."""
     nodes = [
         variant(group, choice) if isinstance(choice, str) else choice
         for group, choice in (("pe", pe), ("norm", norm), ("synthesizer", synthesizer))
     ]
     if shape is None:
-        shape = replace(SHAPE, causal=bool(own_class(nodes[0]["_target_"]).causal_only))
+        causal = any(own_class(node["_target_"]).causal_only for node in nodes[:2])
+        shape = replace(SHAPE, causal=causal)
     return AttentionParts.from_config(*nodes, shape)
 
 
@@ -181,9 +182,11 @@ def every_combination(*groups: Sequence[Any], strength: int = 2) -> list[Any]:
     ]
 
 
-def refused_unless(causal: bool, pe: str) -> contextlib.AbstractContextManager:
-    """Where a pe defined for causal self-attention only meets a bidirectional stack, expect
-    its refusal (the block stops there); elsewhere, expect nothing."""
-    if causal or not causal_only(pe):
+def refused_unless(
+    causal: bool, pe: str, norm: str = "softmax"
+) -> contextlib.AbstractContextManager:
+    """Where a pe or norm defined for causal self-attention only meets a bidirectional stack,
+    expect its refusal (the block stops there); elsewhere, expect nothing."""
+    if causal or not (causal_only(pe) or causal_only(norm, "norm")):
         return contextlib.nullcontext()
     return pytest.raises(ConfigError, match="works in causal self-attention only")

@@ -72,11 +72,11 @@ def test_one_training_step_in_every_form(pe, norm, synthesizer, block):
     padding = torch.zeros_like(src, dtype=torch.bool)
     padding[1, -3:] = True
     for causal in (False, True):
-        with refused_unless(causal, pe):
+        with refused_unless(causal, pe, norm):
             tagger = Tagger(cfg, spec, VOCAB, 5, causal)
             logits = tagger(src, padding)
             train_step(tagger, F.cross_entropy(logits.flatten(0, 1), (src % 5).flatten()))
-    with refused_unless(False, pe):  # the encoder is bidirectional
+    with refused_unless(False, pe, norm):  # the encoder is bidirectional
         model = EncoderDecoder(cfg, spec, VOCAB, VOCAB)
         logits = model(src, padding, tgt[:, :-1])
         train_step(model, F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten()))
@@ -105,7 +105,7 @@ def check_causal_with_an_exact_cache(model: EncoderDecoder) -> None:
 def test_decoding_is_causal_and_the_cache_changes_nothing(pe, norm, synthesizer):
     torch.manual_seed(0)
     spec = attention(pe, norm, synthesizer)
-    with refused_unless(False, pe):
+    with refused_unless(False, pe, norm):
         check_causal_with_an_exact_cache(EncoderDecoder(tiny(init_std=0.2), spec, VOCAB, VOCAB))
 
 
@@ -123,7 +123,7 @@ def test_gau_and_post_ln_decoders_are_causal_with_an_exact_cache(pe, norm, layou
         else {"norm_first": False, "qkv_bias": False}
     )
     cfg = tiny(init_std=0.2, **changes)
-    with refused_unless(False, pe):
+    with refused_unless(False, pe, norm):
         check_causal_with_an_exact_cache(
             EncoderDecoder(cfg, attention(pe, norm, "dot"), VOCAB, VOCAB)
         )
@@ -141,7 +141,7 @@ def test_gau_and_post_ln_decoders_are_causal_with_an_exact_cache(pe, norm, layou
 def test_gau_decoders_with_synthesized_scores_are_causal_with_an_exact_cache(synthesizer, pe, norm):
     torch.manual_seed(0)
     cfg = tiny(init_std=0.2, block=BLOCKS["gau"], n_heads=1)
-    with refused_unless(False, pe):
+    with refused_unless(False, pe, norm):
         model = EncoderDecoder(cfg, attention(pe, norm, synthesizer), VOCAB, VOCAB)
         check_causal_with_an_exact_cache(model)
 

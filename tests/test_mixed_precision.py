@@ -46,7 +46,7 @@ def rounded(module: torch.nn.Module) -> torch.nn.Module:
 )
 def test_bf16_autocast_is_within_a_few_input_roundings_of_float64(pe, norm, synthesizer):
     torch.manual_seed(0)
-    causal = bool(causal_only(pe))  # every pe in a bidirectional stack, where it can be
+    causal = bool(causal_only(pe) or causal_only(norm, "norm"))  # bidirectional where it can be
     shape = replace(SHAPE, causal=causal)
     parts = make_parts(
         small_variant("pe", pe), norm, small_variant("synthesizer", synthesizer), shape

@@ -9,7 +9,7 @@ import torch
 
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.transformer import EncoderDecoder, Tagger
-from attnlab.options import options, variant
+from attnlab.options import causal_only, options, variant
 from attnlab.systems.base import parameter_counts
 from attnlab.systems.tagger import TaggerSystem
 
@@ -58,9 +58,9 @@ def attention(pe: str = "none", synthesizer: str = "dot", *overrides: str, norm=
     )
 
 
-def tagger(attention_config: AttentionConfig, **changes) -> Tagger:
+def tagger(attention_config: AttentionConfig, causal: bool = False, **changes) -> Tagger:
     torch.manual_seed(0)
-    return Tagger(config(**changes), attention_config, VOCAB, CLASSES, causal=False)
+    return Tagger(config(**changes), attention_config, VOCAB, CLASSES, causal=causal)
 
 
 def encoder_decoder(attention_config: AttentionConfig, **changes) -> EncoderDecoder:
@@ -175,7 +175,7 @@ LEARNED_PER_HEAD = {"sink", "ssmax"}
 
 @pytest.mark.parametrize("norm", options("norm"))
 def test_normalizers_learn_one_number_per_layer_and_head_or_none(norm):
-    counts = parameter_counts(tagger(attention(norm=norm)))
+    counts = parameter_counts(tagger(attention(norm=norm), bool(causal_only(norm, "norm"))))
     own = LAYERS * HEADS if norm in LEARNED_PER_HEAD else 0
     assert counts == {
         "total": tagger_total(standard_block(), own), "pe": 0, "synthesizer": 0, "norm": own,

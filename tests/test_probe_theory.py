@@ -8,6 +8,8 @@ rows do not sum to 1 break the symmetry.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers import SHAPE, every_combination, refused_unless
@@ -23,7 +25,11 @@ from attnlab.tasks.probe import ZERO, probe_example
 WIDE_INIT = ["model=tiny", "model.init_std=0.3", "model.dropout=0.0"]
 SCORE_ONLY_PES = ["none", "rope", "t5", "alibi", "xl", "deberta"]
 ROW_STOCHASTIC = [
-    n for n in options("norm") if build(variant("norm", n), shape=SHAPE).rows_sum_to_one
+    n
+    for n in options("norm")
+    if build(
+        variant("norm", n), shape=replace(SHAPE, causal=bool(causal_only(n, "norm")))
+    ).rows_sum_to_one
 ]
 # softpick's rows sum to 1 (less an ε/i) when every score is positive and to less where some
 # are not: whether a configuration tells positions apart depends on the scores' signs, which
@@ -74,7 +80,11 @@ def test_score_only_pes_and_synthesizers_give_identical_outputs_under_softmax(
         ["pe=sinusoidal"],
         ["pe=shaw"],
         ["pe=rope", "task.markers=true"],
-        *[["pe=rope", f"norm={norm}"] for norm in options("norm") if norm not in ROW_STOCHASTIC],
+        *[
+            ["pe=rope", f"norm={norm}", f"task.causal={bool(causal_only(norm, 'norm'))}"]
+            for norm in options("norm")
+            if norm not in ROW_STOCHASTIC
+        ],
     ],
     ids=lambda overrides: " ".join(overrides),
 )
@@ -102,9 +112,9 @@ def test_the_studies_prediction_says_which_configurations_give_position_dependen
 ):
     overrides = [f"pe={pe}", f"norm={norm}", f"task.markers={markers}", f"task.causal={causal}"]
     cfg = make_config([*WIDE_INIT, *overrides])  # the init leaves pe, norm and synthesizer alone
-    with refused_unless(causal, pe):
+    with refused_unless(causal, pe, norm):
         prediction = predict(cfg.pe, cfg.norm, cfg.synthesizer, markers, causal)
-    if not causal and causal_only(pe):
+    if not causal and (causal_only(pe) or causal_only(norm, "norm")):
         return
     # "can tell positions apart" needs one instance, "cannot" must hold for every one: the
     # init, and the PE moved as training would (which can also silence a relu² layer, whose

@@ -38,7 +38,7 @@ IN_MAKE_TEST = ("learned", "rope", "t5")
      for case in every_combination(options("pe"), options("norm"), strength=1)],
 )  # fmt: skip
 def test_fast_dev_run_of_the_probe(pe, norm, make_config):
-    causal = f"task.causal={bool(causal_only(pe))}"  # bidirectional where the pe can be
+    causal = f"task.causal={bool(causal_only(pe) or causal_only(norm, 'norm'))}"  # bidirectional where they can be
     metrics = train(make_config(["debug=fast", f"pe={pe}", f"norm={norm}", causal, *TINY]))
     assert math.isfinite(metrics["train/loss"])
     assert 0.0 <= metrics["test/acc"] <= 1.0

@@ -68,9 +68,10 @@ def _composed(config_name: str | None, overrides: list[str], key: str) -> dict[s
     return to_dict(cfg[key])
 
 
-def causal_only(pe: str) -> str | None:
-    """Why pe=<option> works in causal self-attention only; None where it works anywhere."""
-    return own_class(variant("pe", pe)["_target_"]).causal_only
+def causal_only(option: str, group: str = "pe") -> str | None:
+    """Why <group>=<option> (a pe or a norm) works in causal self-attention only; None where
+    it works anywhere."""
+    return own_class(variant(group, option)["_target_"]).causal_only
 
 
 def shrink(node: Any, max_len: int = 16) -> Any:

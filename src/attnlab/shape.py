@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attnlab.settings import ConfigError
+
 
 @dataclass(frozen=True)
 class StackShape:
@@ -21,3 +23,16 @@ class StackShape:
     causal: bool  # keys after the query are masked
     cross: bool = False  # cross-attention: queries and keys come from different sequences
     embedding_rms: float = 1.0  # token embeddings' RMS at init, as added (for absolute PEs)
+
+
+def check_causal_only(variant: object, shape: StackShape, otherwise: str) -> None:
+    """ConfigError where `variant` (a PE or normalizer) is defined for causal self-attention
+    only (its `causal_only` says why) and `shape` is a bidirectional stack or cross-attention;
+    `otherwise` names what else to do."""
+    reason = getattr(variant, "causal_only", None)
+    if reason and (shape.cross or not shape.causal):
+        where = "cross-attention" if shape.cross else "a bidirectional stack"
+        raise ConfigError(
+            f"{type(variant).__name__} works in causal self-attention only ({reason}), not in "
+            f"{where}: use a decoder-only model (task.causal=true for the probe), {otherwise}"
+        )

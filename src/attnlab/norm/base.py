@@ -22,16 +22,19 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from attnlab.shape import StackShape
+from attnlab.shape import StackShape, check_causal_only
 
 
 class Normalizer(nn.Module):
     sdpa = False  # True only for softmax: F.scaled_dot_product_attention computes the same
     shift_invariant = False  # w(s + c) = w(s) for a per-row constant c: a key bias does nothing
     rows_sum_to_one = False  # Σ_j w_ij = 1 over the visible keys: a value bias passes through
+    reads_order = False  # the weights depend on the keys' order: a positional mechanism itself
+    causal_only: str | None = None  # why it is defined for causal self-attention only
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()
+        check_causal_only(self, shape, "or choose another norm")
 
     def forward(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         """The weights of `normalize`, computed in float32 or wider, in the scores' dtype."""

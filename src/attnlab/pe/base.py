@@ -36,8 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.distance import DistanceScores, distance_span
-from attnlab.settings import ConfigError
-from attnlab.shape import StackShape
+from attnlab.shape import StackShape, check_causal_only
 from attnlab.tensors import float64_home
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -59,13 +58,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()
-        if self.causal_only and (shape.cross or not shape.causal):
-            where = "cross-attention" if shape.cross else "a bidirectional stack"
-            raise ConfigError(
-                f"{type(self).__name__} works in causal self-attention only ({self.causal_only}),"
-                f" not in {where}: use a decoder-only model (task.causal=true for the probe), "
-                "without model.cross_pe, or choose another pe"
-            )
+        check_causal_only(self, shape, "without model.cross_pe, or choose another pe")
         self.shape = shape
 
     @property

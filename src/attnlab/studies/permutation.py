@@ -50,9 +50,11 @@ PROPERTIES = ("keys", "queries", "stack", "query bias", "key bias", "value bias"
 
 def configurations() -> list[tuple[str, dict[str, str], bool]]:
     """(label, choice of pe/norm/synthesizer, causal): each changes one thing from
-    none/softmax/dot, bidirectional (a pe defined for causal stacks only: causal)."""
+    none/softmax/dot, bidirectional (a pe or norm defined for causal stacks only: causal)."""
     base = {"pe": "none", "norm": "softmax", "synthesizer": "dot"}
-    rows = [(f"norm={n}", {**base, "norm": n}, False) for n in options("norm")]
+    rows = [
+        (f"norm={n}", {**base, "norm": n}, bool(causal_only(n, "norm"))) for n in options("norm")
+    ]
     rows.append(("causal mask", base, True))
     rows += [
         (f"pe={p}", {**base, "pe": p}, bool(causal_only(p))) for p in options("pe") if p != "none"
@@ -158,7 +160,7 @@ def predict(choice: dict[str, str], causal: bool) -> dict[str, bool]:
     """Whether each property should hold, from what the variants declare they do."""
     parts = build_parts(choice, causal)
     pe, synthesizer, norm = parts.pe, parts.synthesizer, parts.norm  # bias claims: without a PE
-    position_free = not causal and not pe.acts_in_attention
+    position_free = not causal and not pe.acts_in_attention and not norm.reads_order
     rows_from_queries = synthesizer.plain_dot or choice["synthesizer"] in (
         "dense", "factorized_dense", "dense_vanilla",
     )  # fmt: skip

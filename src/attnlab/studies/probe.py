@@ -74,10 +74,13 @@ def predict(
             f"the probe's prediction covers synthesizer=dot only, not "
             f"synthesizer={synthesizer.get('name')}: compare such runs with kind configurations"
         )
-    encoding, normalizer = build(pe, shape=replace(SHAPE, causal=causal)), build(norm, shape=SHAPE)
+    shape = replace(SHAPE, causal=causal)
+    encoding, normalizer = build(pe, shape=shape), build(norm, shape=shape)
     stochastic = rows_sum_to_one(normalizer)
     if encoding.embeds:
         return Prediction(True, "absolute PE: each position gets its own input vector")
+    if normalizer.reads_order:
+        return Prediction(True, "the normalizer's weights depend on the keys' order")
     if encoding.post_normalization:
         return Prediction(True, "a term after the normalizer depends on the offsets j − i")
     if causal and markers:

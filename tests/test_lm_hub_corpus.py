@@ -28,6 +28,7 @@ class Hub:
 
     def __init__(self, monkeypatch, commit: str | Exception = COMMIT, column: str = "text"):
         self.commit, self.column = commit, column
+        self.lost_after: int | None = None  # the connection drops before this row
         self.probes: list[str | None] = []
         self.loads: list[tuple] = []
         monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", self.dataset_info)
@@ -41,9 +42,16 @@ class Hub:
 
     def load_dataset(self, *args, **kwargs):
         self.loads.append((args, kwargs))
-        column = self.column
+        column, lost = self.column, self.lost_after
         rows = [{column: text, "id": i} for i, text in enumerate(DOCUMENTS)]
-        return datasets.IterableDataset.from_generator(lambda: iter(rows))
+
+        def served():
+            for number, row in enumerate(rows):
+                if number == lost:
+                    raise ConnectionResetError("[Errno 104] Connection reset by peer")
+                yield row
+
+        return datasets.IterableDataset.from_generator(served)
 
 
 def hub_settings(cache, *more: str) -> list[str]:
@@ -114,3 +122,18 @@ def test_rows_without_the_text_column_are_named(tmp_path, monkeypatch):
 def test_settings_a_hub_corpus_cannot_use_are_refused(more, sentence, tmp_path):
     with pytest.raises(ConfigError, match=sentence):
         build_datamodule(compose_config(hub_settings(tmp_path / "cache", *more), tmp_path))
+
+
+def test_a_connection_lost_mid_stream_is_one_sentence_and_the_run_again_resumes(
+    tmp_path, monkeypatch
+):
+    hub = Hub(monkeypatch)
+    hub.lost_after = 70
+    with pytest.raises(ConfigError, match=r"the stream of 'org/corpus' broke off at row \d+ .*"
+                       "ConnectionResetError.*run the same command again"):  # fmt: skip
+        prepared(hub_settings(tmp_path / "cache"), tmp_path)
+    hub.lost_after = None
+    again = prepared(hub_settings(tmp_path / "cache"), tmp_path)
+    whole = prepared(hub_settings(tmp_path / "whole"), tmp_path)
+    for split in ("train", "valid", "test"):
+        assert np.array_equal(again.stream(split).ids, whole.stream(split).ids), split

@@ -5,13 +5,15 @@ logged by a real run at every evaluation length."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import lightning as L
 import pytest
 import torch
 from conftest import QUIET
-from helpers import compose_config
-from test_lm import lm_overrides
+from helpers import ROOT, TEXT, compose_config
+from test_lm import lm_overrides, write_splits
 from test_lm_generation import save_lm_checkpoint
 
 from attnlab.commands.generate import load_language_model
@@ -72,3 +74,25 @@ def test_a_checkpoint_written_before_the_option_existed_still_loads(make_config,
     del checkpoint["hyper_parameters"]["sink_windows"]
     torch.save(checkpoint, path)
     assert load_language_model(str(path)).sink_windows == 0
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_measure_and_reduce_the_sinks_of_every_length(tmp_path):
+    """Each rank measures its own first whole windows; a length where one rank has none
+    still reduces (zeros), so no rank waits on another."""
+    data = write_splits(tmp_path / "text", train=TEXT * 20, test=TEXT * 3)
+    run = subprocess.run(
+        [sys.executable, "train.py", "trainer=ddp_cpu", "task=lm", "task.data.source=local",
+         f"task.data.dir={data}", "task.data.tokenizer=char", "task.data.block_size=8",
+         "task.data.eval_lengths=[8,64,128]", f"paths.data_dir={tmp_path / 'cache'}",
+         "model=tiny", "trainer.max_steps=2", "trainer.max_epochs=-1",
+         "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=2",
+         "task.system.sink_windows=1", "task.system.samples=0", *QUIET,
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "lengths" / "test.json").read_text())["lengths"]
+    for length in ("8", "64", "128"):
+        assert len(record[length]["sink_by_layer"]) == 2
+        assert 0 < record[length]["sink"] < 1

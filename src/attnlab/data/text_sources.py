@@ -312,15 +312,23 @@ class HubCorpus(Documents):
 
     def documents(self) -> Iterator[str]:
         rows = stream_hub(self.dataset, self.subset, self.commit, "train", self.hint)
-        for number, row in enumerate(rows):
-            text = row.get(self.column)
-            if not isinstance(text, str):
-                raise ConfigError(
-                    f"row {number} of {self.dataset!r} has no text column {self.column!r} "
-                    f"(it has {', '.join(row)}): set task.data.text_column"
-                )
-            if text.strip():
-                yield text
+        number = 0
+        try:
+            for number, row in enumerate(rows):
+                text = row.get(self.column)
+                if not isinstance(text, str):
+                    raise ConfigError(
+                        f"row {number} of {self.dataset!r} has no text column {self.column!r} "
+                        f"(it has {', '.join(row)}): set task.data.text_column"
+                    )
+                if text.strip():
+                    yield text
+        except OSError as error:  # the connection lost mid-stream (requests', fsspec's errors)
+            raise ConfigError(
+                f"the stream of {self.dataset!r} broke off at row {number} "
+                f"({type(error).__name__}: {error}): run the same command again, and the build "
+                "goes on where it stopped"
+            ) from None
 
 
 def make_source(

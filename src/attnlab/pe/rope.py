@@ -199,12 +199,19 @@ class RoPE(PositionalEncoding):
         self.frequencies = inverse_frequencies(
             self.rotary_dim, base, scaling, scaling_factor, original_max_len, yarn_alpha, yarn_beta
         )  # a plain tensor, not a buffer: no state, and never cast below float64
+        self._copy: Tensor | None = None  # frequencies on the device rotations run on
         self.temperature = yarn_temperature(scaling_factor) if scaling == "yarn" else 1.0
+
+    def frequencies_on(self, device: torch.device) -> Tensor:
+        """`frequencies` on `device`, copied there once (not at every rotation)."""
+        if self._copy is None or self._copy.device != device:
+            self._copy = self.frequencies.to(device)
+        return self._copy
 
     def rotate(self, x: Tensor, pos: Tensor) -> Tensor:
         d = self.rotary_dim
         home = float64_home(pos.device)
-        theta = pos.to(home, torch.float64)[:, None] * self.frequencies.to(home)[None, :]
+        theta = pos.to(home, torch.float64)[:, None] * self.frequencies_on(home)[None, :]
         out = rotate_by(x[..., :d], theta, self.layout)
         if d < x.shape[-1]:
             out = torch.cat((out, x[..., d:]), -1)

@@ -142,8 +142,8 @@ class LMSystem(System):
         self._measure_sinks(batch)
 
     def _measure_sinks(self, batch: WindowBatch) -> None:
-        """The attention sink of the first `sink_windows` whole windows of each length (none
-        where the split is shorter than the length): per layer, the weight that queries
+        """The attention sink of the first `sink_windows` whole windows of each length that
+        this process scores (none where the split is shorter than the length): per layer, the weight that queries
         1..L−1 give the window's first token, averaged over heads and queries (the share at
         query 0 is 1 in causal attention, and left out)."""
         fitting = self.trainer.state.fn == TrainerFn.FITTING
@@ -161,17 +161,24 @@ class LMSystem(System):
         measured = torch.stack([*shares, torch.tensor(float(take), device=shares[0].device)])
         self.sinks[length] = measured if sums is None else sums + measured
 
-    def _reduced(self) -> tuple[dict[tuple[str, int], Tensor], dict[int, Tensor]]:
-        """Every rank's sums, added (keys in a fixed order, so every rank reduces alike)."""
+    def _reduced(
+        self,
+    ) -> tuple[dict[tuple[str, int], Tensor], dict[int, Tensor], dict[int, Tensor]]:
+        """Every rank's sums, added (keys in a fixed order, so every rank reduces alike; the
+        sinks of every scored length, zeros where a rank measured no whole window)."""
         reduce = self.trainer.strategy.reduce
         sums = {k: reduce(v, reduce_op="sum") for k, v in sorted(self.sums.items())}
         per = {k: reduce(v, reduce_op="sum") for k, v in sorted(self.by_position.items())}
-        self.sinks = {k: reduce(v, reduce_op="sum") for k, v in sorted(self.sinks.items())}
-        self.sums, self.by_position = {}, {}
-        return sums, per
+        sinks = {}
+        if self.sink_windows and self.trainer.state.fn != TrainerFn.FITTING:
+            none = torch.zeros(self.net.stack.n_layers + 1, dtype=torch.float64, device=self.device)
+            lengths = sorted(length for mode, length in sums if mode == "ppl")
+            sinks = {n: reduce(self.sinks.get(n, none), reduce_op="sum") for n in lengths}
+        self.sums, self.by_position, self.sinks = {}, {}, {}
+        return sums, per, {n: s for n, s in sinks.items() if s[-1] > 0}
 
     def _finish(self, stage: str) -> None:
-        sums, per = self._reduced()
+        sums, per, sinks = self._reduced()
         char = self.tokenizer is not None and self.tokenizer.kind == "char"
         fitting = self.trainer.state.fn == TrainerFn.FITTING
         results: dict[str, dict[str, float | None]] = {}
@@ -192,11 +199,10 @@ class LMSystem(System):
             if not (self.trainer.sanity_checking or self.trainer.fast_dev_run) and self.samples:
                 self._log_samples()
             return
-        for length, measured in self.sinks.items():
+        for length, measured in sinks.items():
             by_layer = (measured[:-1] / measured[-1]).tolist()
             results[str(length)].update(sink=sum(by_layer) / len(by_layer), sink_by_layer=by_layer)
             self.log(f"{stage}/sink@{length}", sum(by_layer) / len(by_layer))
-        self.sinks = {}
         names = ("loss", "ppl", "ppl_sliding", *(("bpc", "bpc_sliding") if char else ()))
         for length in self.not_applicable:
             results[str(length)] = {"applicable": False}  # type: ignore[dict-item]

@@ -78,7 +78,10 @@ def test_declared_capabilities_match_what_the_hooks_do(name):
     value_term = pe.value_term(weights, pos, pos, 1) is not None
     assert pe.post_normalization == (reweighted or value_term)
     assert pe.reweights == reweighted
-    assert pe.acts_in_attention == (pe.rotates or pe.adds_score_terms or pe.post_normalization)
+    data = heads(5)[..., :1].expand(-1, -1, -1, max(pe.data_width, 1))
+    assert (pe.data_width > 0) == (pe.data_term(x, x, data, pos, pos, 1) is not None)
+    terms = pe.rotates or pe.adds_score_terms or pe.post_normalization or pe.data_width > 0
+    assert pe.acts_in_attention == terms
 
 
 @pytest.mark.parametrize("name", VARIANTS)

@@ -33,7 +33,7 @@ ARCHITECTURE = ("model", "block", *VARIANTS)  # what the weights are built for
 REPORTING = ("logger", "callbacks", "extras")  # what a run records and prints, not what ran
 PRESETS = ("experiment", "hparams_search", "debug")  # choices of the groups above, bundled
 OUTPUT = ("paths", "hydra", "hydra/launcher")  # where output goes and how jobs are launched
-GROUPS = ("task", *VARIANTS, "block", "model", "trainer", *REPORTING, *PRESETS, *OUTPUT)
+GROUPS = ("task", *VARIANTS, "block", "model", "schedule", "trainer", *REPORTING, *PRESETS, *OUTPUT)
 # model settings that choose kernels or a starting point, not what the trained weights are
 NOT_WEIGHTS = ("fast_attention", "flex_attention", "attention_chunk", "compile", "init_std")
 

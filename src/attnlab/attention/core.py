@@ -49,6 +49,7 @@ themselves; FlexAttention).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -117,7 +118,8 @@ class AttentionParts(nn.Module):
 
     def fused(self) -> bool:
         """Whether SDPA computes it from q, k and v alone: no [Lq, Lk] tensor is formed."""
-        return self.fast() and self.synthesizer.plain_dot and not self.pe.adds_score_terms
+        terms = self.pe.adds_score_terms or self.pe.data_width > 0
+        return self.fast() and self.synthesizer.plain_dot and not terms
 
     def flex(self) -> bool:
         """Whether FlexAttention computes it: softmax of q·k plus a score term it can read."""
@@ -143,13 +145,15 @@ def attend(
     mask: Tensor | None,
     compute: Compute = Compute(),
     is_causal: bool = False,
+    data: Tensor | None = None,
 ) -> Tensor:
     """Attention output [B, H, Lq, d_v].
 
     x [B, Lq, d] is the query-side input (for synthesizers that read tokens); q, k
     [B, H, L, d_h] (None where nothing needs them); v [B, H, Lk, d_v]; mask boolean,
     broadcastable to [B, H, Lq, Lk], True where a query may attend; `is_causal` says that
-    it is exactly the causal mask of Lq = Lk positions (see `exactly_causal`). With
+    it is exactly the causal mask of Lq = Lk positions (see `exactly_causal`); `data`
+    [B, H, Lk, w] the channels a data-dependent PE reads at every key (`pe.data_width`). With
     `compute.chunk`, attention runs in blocks of that many queries, recomputed in training
     (see the module docstring).
     """
@@ -167,9 +171,11 @@ def attend(
             block_mask = mask if mask is None or mask.shape[-2] == 1 else mask[..., rows, :]
             args = (x[:, rows], block_q, k, v, q_pos[rows], k_pos, block_mask, whole)
             if torch.is_grad_enabled():
-                blocks.append(checkpoint(attend, parts, layer, *args, use_reentrant=False))
+                blocks.append(
+                    checkpoint(attend, parts, layer, *args, use_reentrant=False, data=data)
+                )
             else:
-                blocks.append(attend(parts, layer, *args))
+                blocks.append(attend(parts, layer, *args, data=data))
         return torch.cat(blocks, 2)
     if flex:
         return flex_path(parts, layer, q, k, v, q_pos, k_pos, mask)
@@ -183,7 +189,7 @@ def attend(
         pe = parts.pe
         return term_attention(pe, layer, q, k, v, q_pos, k_pos, mask, is_causal, chunk)
     synthesis = parts.synthesizer(x, q_pos, k_pos, layer)
-    extra = _add(synthesis.logits, parts.pe.score_bias(q, k, q_pos, k_pos, layer))
+    extra = _add(synthesis.logits, _pe_scores(parts.pe, layer, q, k, q_pos, k_pos, data))
     if synthesis.dot is not None and compute.fast and parts.fast():
         assert q is not None and k is not None
         q, scale = _scaled_dot(parts, synthesis.dot, q)
@@ -239,7 +245,7 @@ def _term_path(
     pe = parts.pe
     long = compute.chunk is not None and n > compute.chunk
     terms = pe.adds_score_terms or pe.post_normalization
-    return long and terms and _cpu_kernel(parts, compute, q, v)
+    return long and terms and not pe.data_width and _cpu_kernel(parts, compute, q, v)
 
 
 def flex_path(
@@ -269,12 +275,29 @@ def attention_weights(
     q_pos: Tensor,
     k_pos: Tensor,
     mask: Tensor | None,
+    data: Tensor | None = None,
 ) -> Tensor:
     """The weights [B, H, Lq, Lk] that `attend` applies to v (without dropout), by the plain
     path; for looking at them (the fused path never forms them)."""
     synthesis = parts.synthesizer(x, q_pos, k_pos, layer)
-    extra = _add(synthesis.logits, parts.pe.score_bias(q, k, q_pos, k_pos, layer))
+    extra = _add(synthesis.logits, _pe_scores(parts.pe, layer, q, k, q_pos, k_pos, data))
     return _weights(parts, layer, synthesis.dot, extra, q, k, q_pos, k_pos, mask)
+
+
+def _pe_scores(
+    pe: PositionalEncoding,
+    layer: int,
+    q: Tensor | None,
+    k: Tensor | None,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    data: Tensor | None,
+) -> Tensor | None:
+    """The PE's score terms: its positional term and, where it reads the data, its data term."""
+    term = pe.score_bias(q, k, q_pos, k_pos, layer)
+    if data is None:
+        return term
+    return _add(term, pe.data_term(q, k, data, q_pos, k_pos, layer))
 
 
 def _scaled_dot(parts: AttentionParts, dot: Tensor | float, q: Tensor) -> tuple[Tensor, float]:
@@ -302,43 +325,56 @@ def _weights(
     return parts.pe.reweight(parts.norm(extra, mask, layer), q_pos, k_pos, layer)
 
 
+class Projected(NamedTuple):
+    """One layer's heads [B, H, L, ·] for `attend`: q, k, v and a data-dependent PE's data
+    channels (None where nothing reads them)."""
+
+    q: Tensor | None
+    k: Tensor | None
+    v: Tensor
+    data: Tensor | None = None
+
+
 def rotate_and_cache(
-    pe: PositionalEncoding,
-    q: Tensor | None,
-    k: Tensor | None,
-    v: Tensor,
-    q_pos: Tensor,
-    cache: KVCache | None,
-) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    pe: PositionalEncoding, new: Projected, q_pos: Tensor, cache: KVCache | None
+) -> Projected:
     """Self-attention's new q and k rotated by the PE at their positions, then the cache's
-    keys and values ahead of the new ones: what every block does between its projections
-    and `attend`."""
-    q = None if q is None else pe.rotate(q, q_pos)
-    k = None if k is None else pe.rotate_key(k, q_pos)
-    if cache is not None:
-        k, v = cache.extend(k, v)
-    return q, k, v
+    keys, values and data ahead of the new ones: what every block does between its
+    projections and `attend`."""
+    q = None if new.q is None else pe.rotate(new.q, q_pos)
+    k = None if new.k is None else pe.rotate_key(new.k, q_pos)
+    rotated = Projected(q, k, new.v, new.data)
+    return rotated if cache is None else cache.extend(rotated)
+
+
+def _cat(old: Tensor | None, new: Tensor | None) -> Tensor | None:
+    return new if old is None or new is None else torch.cat((old, new), 2)
 
 
 @dataclass
 class KVCache:
-    """Keys and values seen so far by one attention layer (incremental decoding)."""
+    """Keys, values and data channels seen so far by one attention layer (incremental
+    decoding)."""
 
     k: Tensor | None = None
     v: Tensor | None = None
+    data: Tensor | None = None
 
-    def extend(self, k: Tensor | None, v: Tensor) -> tuple[Tensor | None, Tensor]:
-        """Append the new keys and values; return all of them."""
-        if self.v is not None:
-            k = None if k is None else torch.cat((self.k, k), 2)
-            v = torch.cat((self.v, v), 2)
-        self.k, self.v = k, v
-        return k, v
+    def extend(self, new: Projected) -> Projected:
+        """Append the new keys, values and data; return all of them with the new queries."""
+        self.k, self.v, self.data = (
+            _cat(self.k, new.k),
+            _cat(self.v, new.v),
+            _cat(self.data, new.data),
+        )
+        assert self.v is not None
+        return Projected(new.q, self.k, self.v, self.data)
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows `index` (beam search)."""
-        self.k = None if self.k is None else self.k.index_select(0, index)
-        self.v = None if self.v is None else self.v.index_select(0, index)
+        self.k, self.v, self.data = (
+            None if t is None else t.index_select(0, index) for t in (self.k, self.v, self.data)
+        )
 
 
 OUTPUT_GATES = (None, "headwise", "elementwise")
@@ -355,6 +391,9 @@ class Attention(nn.Module):
     layer's (normalized) input at the query's position: one gate per head ("headwise") or
     one per output dimension of each head ("elementwise", the paper's best); W_g has no bias,
     as in the paper's Y' = Y ⊙ σ(X W_θ).
+
+    A data-dependent PE (`data_width` > 0) gets its channels from a projection of x with a
+    bias, N(0, init_std²) weights and zero bias, as the forget gate of Lin et al. 2025.
     """
 
     def __init__(
@@ -369,12 +408,14 @@ class Attention(nn.Module):
         out_std: float = 0.02,
         compute: Compute = Compute(),
         output_gate: str | None = None,
+        data_width: int = 0,
     ) -> None:
         super().__init__()
         h, d = shape.n_heads, shape.d_model
         self.shape, self.layer, self.cross, self.compute = shape, layer, cross, compute
         gates = {None: 0, "headwise": h, "elementwise": h * shape.value_dim}[output_gate]
         self.gate = linear(d, gates, False, init_std) if gates else None
+        self.data_proj = linear(d, h * data_width, True, init_std) if data_width else None
         q_width = h * shape.head_dim if needs_query else 0
         k_width = h * shape.head_dim if needs_key else 0
         self.widths = (q_width, k_width, h * shape.value_dim)
@@ -396,22 +437,25 @@ class Attention(nn.Module):
         k_pos: Tensor,
         memory: Tensor | None = None,
         cache: KVCache | None = None,
-    ) -> tuple[Tensor | None, Tensor | None, Tensor]:
-        """q, k, v [B, H, L, d] (rotated by the PE), with the cache's keys and values."""
+    ) -> Projected:
+        """q, k, v [B, H, L, d] (rotated by the PE) and the PE's data channels, with the
+        cache's."""
         qw, kw, vw = self.widths
         pe = parts.pe
         if self.cross:
             q = pe.rotate(self._heads(self.q_proj(x), qw), q_pos)
             if cache is not None and cache.v is not None:
-                return q, cache.k, cache.v
+                return Projected(q, cache.k, cache.v)
             k, v = self.kv_proj(memory).split((kw, vw), -1)
             k, v = pe.rotate_key(self._heads(k, kw), k_pos), self._heads(v, vw)
             if cache is not None:
                 cache.k, cache.v = k, v
-            return q, k, v
+            return Projected(q, k, v)
         q, k, v = self.qkv_proj(x).split(self.widths, -1)
-        v = split_heads(v, self.shape.n_heads)
-        return rotate_and_cache(pe, self._heads(q, qw), self._heads(k, kw), v, q_pos, cache)
+        h = self.shape.n_heads
+        data = None if self.data_proj is None else split_heads(self.data_proj(x), h)
+        new = Projected(self._heads(q, qw), self._heads(k, kw), split_heads(v, h), data)
+        return rotate_and_cache(pe, new, q_pos, cache)
 
     def forward(
         self,
@@ -424,9 +468,9 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
         is_causal: bool = False,
     ) -> Tensor:
-        q, k, v = self.project(x, parts, q_pos, k_pos, memory, cache)
+        q, k, v, data = self.project(x, parts, q_pos, k_pos, memory, cache)
         compute = self.compute.at(self.training)
-        out = attend(parts, self.layer, x, q, k, v, q_pos, k_pos, mask, compute, is_causal)
+        out = attend(parts, self.layer, x, q, k, v, q_pos, k_pos, mask, compute, is_causal, data)
         if self.gate is not None:
             gate = torch.sigmoid(split_heads(self.gate(x), self.shape.n_heads))  # [B, H, L, 1|dv]
             out = out * gate.to(out.dtype)
@@ -442,5 +486,5 @@ class Attention(nn.Module):
         memory: Tensor | None = None,
     ) -> Tensor:
         """The attention weights [B, H, Lq, Lk] of `forward` with the same inputs, no cache."""
-        q, k, _ = self.project(x, parts, q_pos, k_pos, memory)
-        return attention_weights(parts, self.layer, x, q, k, q_pos, k_pos, mask)
+        q, k, _, data = self.project(x, parts, q_pos, k_pos, memory)
+        return attention_weights(parts, self.layer, x, q, k, q_pos, k_pos, mask, data)

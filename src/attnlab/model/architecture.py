@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from torch import nn
 
 from attnlab.attention.core import OUTPUT_GATES, AttentionParts, Compute
+from attnlab.model.schedule import Schedule
 from attnlab.settings import (
     ARCHITECTURE,
     METADATA,
@@ -64,6 +65,7 @@ class ModelConfig:
     flex_attention: bool = False  # on CUDA, FlexAttention for softmax with t5/alibi/shaw terms
     attention_chunk: int | None = 512  # queries attended at once (recomputed in training)
     output_gate: str | None = None  # self-attention's output gated: headwise | elementwise
+    schedule: Mapping[str, Any] | None = None  # hybrid stacks (model/schedule.py); None: uniform
     layer_norm_eps: float = 1e-5
     compile: bool = False  # torch.compile the network's forward (training and validation loss)
 
@@ -96,6 +98,7 @@ class ModelConfig:
             raise ConfigError(
                 f"model.output_gate={self.output_gate!r} is not one of: null, headwise, elementwise"
             )
+        self.layer_schedule  # noqa: B018 (checks model.schedule once, at build)
         if self.attention_chunk is not None and self.attention_chunk < 1:
             raise ConfigError(
                 f"model.attention_chunk={self.attention_chunk} must be a positive number of "
@@ -119,6 +122,11 @@ class ModelConfig:
         return Compute(
             self.attn_dropout, self.fast_attention, self.attention_chunk, self.flex_attention
         )
+
+    @property
+    def layer_schedule(self) -> Schedule | None:
+        """model.schedule read: each layer's encoding and span; None for a uniform stack."""
+        return None if self.schedule is None else Schedule.from_config(self.schedule)
 
     @property
     def decoder_layers(self) -> int:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from attnlab.attention.core import (
     AttentionParts,
     KVCache,
+    Projected,
     attend,
     attention_weights,
     rotate_and_cache,
@@ -73,32 +74,37 @@ class GatedAttentionUnit(nn.Module):
         for name in ("q",) * self.needs_query + ("k",) * self.needs_key:
             self.gamma[name] = nn.Parameter(torch.randn(s) * 0.02)
             self.beta[name] = nn.Parameter(torch.zeros(s))
+        width = parts.pe.data_width  # a data-dependent PE's channels, as in attention's
+        self.data = linear(d, width, True, cfg.init_std) if width else None
         self.out = linear(e, d, True, out_std(cfg, shape.n_layers))
 
     def project(
         self, x: Tensor, inputs: StackInputs, cache: KVCache | None = None
-    ) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor]:
-        """u [B, L, e] and one head of q, k (rotated by the PE) and v, with the cache's."""
+    ) -> tuple[Tensor, Projected]:
+        """u [B, L, e] and one head of q, k (rotated by the PE), v and the PE's data
+        channels, with the cache's."""
         u, v = F.silu(self.uv(x)).chunk(2, -1)
         z = F.silu(self.z(x))[:, None] if self.z is not None else None  # one head
         q = z * self.gamma["q"] + self.beta["q"] if self.needs_query else None
         k = z * self.gamma["k"] + self.beta["k"] if self.needs_key else None
-        return u, *rotate_and_cache(inputs.parts.pe, q, k, v[:, None], inputs.q_pos, cache)
+        data = None if self.data is None else self.data(x)[:, None]
+        new = Projected(q, k, v[:, None], data)
+        return u, rotate_and_cache(inputs.parts.pe, new, inputs.q_pos, cache)
 
     def forward(self, x: Tensor, inputs: StackInputs, cache: KVCache | None = None) -> Tensor:
-        u, q, k, v = self.project(x, inputs, cache)
+        u, (q, k, v, data) = self.project(x, inputs, cache)
         compute = self.compute.at(self.training)
-        parts, q_pos, k_pos = inputs.parts, inputs.q_pos, inputs.k_pos
+        parts, q_pos, k_pos, mask = inputs.parts, inputs.q_pos, inputs.k_pos, inputs.mask
         a = attend(
-            parts, self.layer, x, q, k, v, q_pos, k_pos, inputs.mask, compute, inputs.is_causal
+            parts, self.layer, x, q, k, v, q_pos, k_pos, mask, compute, inputs.is_causal, data
         )
         return self.out(u * a[:, 0])
 
     def weights(self, x: Tensor, inputs: StackInputs) -> Tensor:
         """The attention weights A [B, 1, Lq, Lk] of `forward` with the same inputs, no cache."""
-        _, q, k, _ = self.project(x, inputs)
+        _, (q, k, _, data) = self.project(x, inputs)
         parts, q_pos, k_pos = inputs.parts, inputs.q_pos, inputs.k_pos
-        return attention_weights(parts, self.layer, x, q, k, q_pos, k_pos, inputs.mask)
+        return attention_weights(parts, self.layer, x, q, k, q_pos, k_pos, inputs.mask, data)
 
 
 class GAUBlock(nn.Module):

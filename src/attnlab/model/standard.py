@@ -50,6 +50,7 @@ class TransformerBlock(nn.Module):
             out_std=out_std(cfg, shape.n_layers),
             compute=cfg.compute,
             output_gate=cfg.output_gate,
+            data_width=parts.pe.data_width,
         )
         self.cross = CrossAttentionSublayer(cfg, layer) if cross else None
         self.ff_in = linear(d, cfg.d_ff, cfg.bias, cfg.init_std)

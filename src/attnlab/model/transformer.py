@@ -2,13 +2,15 @@
 
 A `Stack` owns one positional encoding, normalizer and synthesizer (per-layer parameters
 live inside them) and N blocks; it computes positions and masks once per forward and keeps
-the key/value cache for incremental decoding. Blocks are the `block` group's: the standard
+the key/value cache for incremental decoding. A hybrid stack (`model.schedule`,
+`attnlab.model.schedule`) gives layers other encodings, built once each beside the run's
+(`encodings`), and spans that narrow their masks; the normalizer and synthesizer stay shared. Blocks are the `block` group's: the standard
 attention + FFN (`attnlab.model.standard`) or the gated attention unit (`attnlab.model.gau`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +19,10 @@ from torch import Tensor, nn
 from attnlab.attention.core import AttentionParts, KVCache
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.block import LayerCache, StackInputs
+from attnlab.model.schedule import RUN_PE, LayerPlan, Schedule
 from attnlab.pe.base import PositionalEncoding
-from attnlab.settings import ConfigError
+from attnlab.settings import ConfigError, build
+from attnlab.shape import StackShape
 from attnlab.tensors import linear
 
 
@@ -92,6 +96,15 @@ class Stack(nn.Module):
         self.parts = AttentionParts.from_config(
             attention.pe, attention.norm, attention.synthesizer, shape
         )
+        schedule = cfg.layer_schedule
+        self.plans = [LayerPlan() if schedule is None else schedule.at(i) for i in range(n_layers)]
+        self.encodings = nn.ModuleDict()
+        by_name = {RUN_PE: self.parts}  # AttentionParts over the shared norm and synthesizer
+        if schedule is not None:
+            for name, pe in scheduled_encodings(schedule, n_layers, self.parts.pe, shape).items():
+                self.encodings[name] = pe
+                by_name[name] = AttentionParts(pe, self.parts.norm, self.parts.synthesizer)
+        self.layer_parts = [by_name[plan.pe] for plan in self.plans]  # not registered twice
         self.cross_parts = None
         if cross:
             chosen = cfg.cross_attention
@@ -106,20 +119,26 @@ class Stack(nn.Module):
                     "which acts on token embeddings only (or not at all): set model.cross_pe=false"
                 )
         self.blocks = nn.ModuleList(
-            cfg.block.layer(cfg, shape, i, self.parts, cross) for i in range(n_layers)
+            cfg.block.layer(cfg, shape, i, self.layer_parts[i], cross) for i in range(n_layers)
         )
         self.drop = nn.Dropout(cfg.dropout)
         self.final_norm = cfg.layer_norm() if cfg.norm_first else nn.Identity()
         # the PEs (the stack's and those inside it) that start a pass: found once, not per pass
+        encoders = {
+            "parts.pe": self.parts.pe,
+            **{f"encodings.{n}": e for n, e in self.encodings.items()},
+        }
         self.beginning = [
-            name
-            for name, module in self.parts.pe.named_modules()
+            f"{prefix}.{name}".rstrip(".")
+            for prefix, encoder in encoders.items()
+            for name, module in encoder.named_modules()
             if isinstance(module, PositionalEncoding)
             and type(module).begin is not PositionalEncoding.begin
         ]
 
     def check_length(self, length: int, memory_length: int | None = None) -> None:
-        check_length(self.parts, length, "the sequence")
+        for parts in dict.fromkeys(self.layer_parts):
+            check_length(parts, length, "the sequence")
         if self.cross_parts is not None and memory_length is not None:
             check_length(self.cross_parts, max(length, memory_length), "cross-attention")
 
@@ -131,7 +150,7 @@ class Stack(nn.Module):
         if cache is not None and cache.capacity is not None:
             length = max(length, cache.capacity)
         for name in self.beginning:
-            module = self.parts.pe.get_submodule(name)
+            module = self.get_submodule(name)
             drawn[name] = module.begin(length, device, drawn.get(name))
 
     def forward(
@@ -162,14 +181,49 @@ class Stack(nn.Module):
             inputs.memory_pos = torch.arange(memory.shape[1], device=x.device)
             inputs.memory_mask = attention_mask(q_pos, inputs.memory_pos, memory_padding, False)
         x = self.drop(self.parts.pe.embed(x, q_pos))
+        spans: dict[LayerPlan, StackInputs] = {}  # one mask per span a pass
         for i, block in enumerate(self.blocks):
             layer_cache = LayerCache()
             if cache is not None:
                 layer_cache = LayerCache(cache.self_kv[i], cache.cross_kv[i])
-            x = block(x, inputs, layer_cache)
+            plan = self.plans[i]
+            if plan not in spans:
+                spans[plan] = spanned(inputs, plan)
+            x = block(x, replace(spans[plan], parts=self.layer_parts[i]), layer_cache)
         if cache is not None:
             cache.length += length
         return self.final_norm(x)
+
+
+def spanned(inputs: StackInputs, plan: LayerPlan) -> StackInputs:
+    """The stack's inputs with the mask narrowed to a layer's span (`LayerPlan.span_mask`)."""
+    span = plan.span_mask(inputs.q_pos, inputs.k_pos)
+    if span is None:
+        return inputs
+    mask = span[None, None] if inputs.mask is None else inputs.mask & span
+    return replace(inputs, mask=mask, is_causal=False)
+
+
+def scheduled_encodings(
+    schedule: Schedule, n_layers: int, run_pe: PositionalEncoding, shape: StackShape
+) -> dict[str, PositionalEncoding]:
+    """The encodings a schedule gives some of a stack's layers besides the run's, built once
+    each; one sentence where the schedule cannot mean what it says."""
+    names = schedule.names(n_layers)
+    if RUN_PE not in names:
+        raise ConfigError(
+            f"model.schedule gives none of the {n_layers} layers the run's pe "
+            f"({type(run_pe).__name__}): put `pe` in its pattern, or choose that encoding with pe="
+        )
+    built = {name: build(schedule.encodings[name], shape=shape) for name in names if name != RUN_PE}
+    embedding = [type(pe).__name__ for pe in (run_pe, *built.values()) if pe.embeds]
+    if built and embedding:
+        raise ConfigError(
+            f"model.schedule gives layers different encodings, but {', '.join(embedding)} adds "
+            "positions to the token embeddings, before any layer: choose encodings that act in "
+            "attention (rope, alibi, t5, none, ...)"
+        )
+    return built
 
 
 class TokenEmbedding(nn.Module):

@@ -10,9 +10,14 @@ A variant overrides only the hooks it needs (`q`, `k`: [B, H, L, d_h]; positions
                                   (t5, alibi: content-free; shaw, xl, deberta: content-dependent)
     reweight(weights, ...)        transform the normalized matrix        (urpe)
     value_term(weights, ...)      add a term to the output               (shaw's a^V)
+    data_term(q, k, data, ...)    add a term computed from the tokens    (fox: forget gates)
     begin(length, device, drawn)  start a forward pass: state its hooks share (randomized)
 
-`score_bias` and `value_term` return None when they add nothing. Relative positions are
+`score_bias`, `value_term` and `data_term` return None when they add nothing. A variant whose
+positions are computed from the data (`data_width` > 0) gets, per layer, `data_width`
+channels a head projected from the layer's input at every key ([B, H, Lk, data_width], the
+cache's keys included: `data_term`'s `data`); the projection belongs to the layer, what the
+channels mean to the variant. Relative positions are
 built from the absolute `q_pos` and `k_pos`, so the same code serves full sequences,
 cached decoding (one query at position t) and cross-attention.
 
@@ -55,6 +60,7 @@ class PositionalEncoding(nn.Module):
     needs_key = False  # score_bias reads k
     flex = False  # score_mod gives score_bias's term to FlexAttention
     causal_only: str | None = None  # why it is defined for causal self-attention only
+    data_width = 0  # channels a head that data_term reads, projected from the layer's input
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()
@@ -64,7 +70,9 @@ class PositionalEncoding(nn.Module):
     @property
     def acts_in_attention(self) -> bool:
         """Whether it does anything inside attention (cross-attention has no `embed`)."""
-        return self.rotates or self.adds_score_terms or self.post_normalization
+        return (
+            self.rotates or self.adds_score_terms or self.post_normalization or self.data_width > 0
+        )
 
     def begin(self, length: int, device: torch.device, drawn: Tensor | None) -> Tensor | None:
         """Called by the stack on its PE, and on every PE inside it, once per forward pass
@@ -107,6 +115,19 @@ class PositionalEncoding(nn.Module):
     def value_term(
         self, weights: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> Tensor | None:
+        return None
+
+    def data_term(
+        self,
+        q: Tensor | None,
+        k: Tensor | None,
+        data: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        layer: int,
+    ) -> Tensor | None:
+        """A term [B, H, Lq, Lk] added to the scores from `data` [B, H, Lk, data_width], the
+        channels projected from the layer's input at every key (see the module docstring)."""
         return None
 
 

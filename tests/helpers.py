@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -190,3 +191,14 @@ def refused_unless(
     if causal or not (causal_only(pe) or causal_only(norm, "norm")):
         return contextlib.nullcontext()
     return pytest.raises(ConfigError, match="works in causal self-attention only")
+
+
+def decoded_one_at_a_time(model: Any, tokens: torch.Tensor, prefix: int = 1) -> torch.Tensor:
+    """A DecoderLM's logits for `tokens` [B, T] from cached decoding: the first `prefix`
+    tokens in one step, then one token a step; to compare with `model(tokens)`."""
+    from attnlab.model.transformer import StackCache
+
+    cache = StackCache.empty(model.stack.n_layers)
+    steps = [model(tokens[:, :prefix], cache)]
+    steps += [model(tokens[:, t : t + 1], cache) for t in range(prefix, tokens.shape[1])]
+    return torch.cat(steps, 1)

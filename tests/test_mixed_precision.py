@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers import every_combination, make_parts, small_variant
 
-from attnlab.attention.core import Attention
+from attnlab.attention.layer import Attention
 from attnlab.model.transformer import attention_mask
 from attnlab.options import causal_only, options
 from attnlab.shape import StackShape

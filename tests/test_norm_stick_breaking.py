@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import SHAPE
+from helpers import SHAPE, decoded_one_at_a_time
 from test_combinations import attention, tiny, tokens
 
-from attnlab.model.transformer import DecoderLM, StackCache
+from attnlab.model.transformer import DecoderLM
 from attnlab.options import variant
 from attnlab.settings import ConfigError, build
 
@@ -54,10 +54,7 @@ def test_decoding_one_token_at_a_time_is_the_full_pass(pe):
     model = DecoderLM(tiny(init_std=0.3), attention(pe, "stick_breaking", "dot"), 11)
     model = model.double().eval()
     x = tokens()
-    full = model(x)
-    cache = StackCache.empty(model.stack.n_layers)
-    steps = [model(x[:, t : t + 1], cache) for t in range(x.shape[1])]
-    torch.testing.assert_close(torch.cat(steps, 1), full)
+    torch.testing.assert_close(decoded_one_at_a_time(model, x), model(x))
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import SHAPE, compose_config, make_parts
 
-from attnlab.attention.core import Attention, KVCache
+from attnlab.attention.layer import Attention, KVCache
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM, attention_mask
 from attnlab.runner.run import architecture_nodes

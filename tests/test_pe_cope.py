@@ -12,7 +12,8 @@ import pytest
 import torch
 from helpers import SHAPE, make_parts, small_variant
 
-from attnlab.attention.core import Attention, AttentionParts, Compute, attend
+from attnlab.attention.core import AttentionParts, Compute, attend
+from attnlab.attention.layer import Attention
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import DecoderLM, attention_mask

@@ -11,12 +11,13 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import SHAPE
+from helpers import SHAPE, decoded_one_at_a_time
 from test_combinations import attention, tiny, tokens
 
-from attnlab.attention.core import Attention, AttentionParts, Compute
+from attnlab.attention.core import AttentionParts, Compute
+from attnlab.attention.layer import Attention
 from attnlab.model.gau import GAU
-from attnlab.model.transformer import DecoderLM, StackCache
+from attnlab.model.transformer import DecoderLM
 from attnlab.options import variant
 from attnlab.settings import ConfigError, build
 
@@ -109,11 +110,7 @@ def test_decoding_one_token_at_a_time_is_the_full_pass(block, norm):
     model = DecoderLM(tiny(init_std=0.3, **blocks), attention("fox", norm, "dot"), 11)
     model = model.double().eval()
     x = tokens()
-    full = model(x)
-    cache = StackCache.empty(model.stack.n_layers)
-    steps = [model(x[:, :2], cache)] + [model(x[:, t : t + 1], cache) for t in range(2, x.shape[1])]
-    torch.testing.assert_close(torch.cat(steps, 1), full)
-    assert cache.self_kv[0].data.shape[-2] == x.shape[1], "the cache keeps every key's gates"
+    torch.testing.assert_close(decoded_one_at_a_time(model, x, prefix=2), model(x))
 
 
 def test_the_gates_learn():

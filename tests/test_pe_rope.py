@@ -12,7 +12,7 @@ from helpers import SHAPE, make_parts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.attention.core import Attention, KVCache
+from attnlab.attention.layer import Attention, KVCache
 from attnlab.model.transformer import attention_mask
 from attnlab.options import variant
 from attnlab.pe.rope import RoPE

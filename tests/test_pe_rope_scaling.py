@@ -18,7 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.attention.core import Attention, KVCache
+from attnlab.attention.layer import Attention, KVCache
 from attnlab.model.transformer import attention_mask
 from attnlab.options import variant
 from attnlab.pe.rope import RoPE, inverse_frequencies, rotate, yarn_temperature

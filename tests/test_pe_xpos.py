@@ -15,7 +15,7 @@ from helpers import SHAPE, make_parts, small_variant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.attention.core import Attention, KVCache
+from attnlab.attention.layer import Attention, KVCache
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import (

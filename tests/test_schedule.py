@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import compose_config
+from helpers import compose_config, decoded_one_at_a_time
 from test_combinations import attention, tiny, tokens
 
 from attnlab.model.architecture import Architecture
 from attnlab.model.schedule import LayerPlan
-from attnlab.model.transformer import DecoderLM, StackCache
+from attnlab.model.transformer import DecoderLM
 from attnlab.options import options, variant
 from attnlab.settings import ConfigError, to_dict
 
@@ -90,9 +90,7 @@ def test_decoding_one_token_at_a_time_is_the_full_pass(pe):
     plan = schedule({"window": 3}, {"pe": "nope"}, {"chunk": 4}, nope="none")
     built = model(pe, plan, n_layers=3)
     x = tokens(length=9)
-    cache = StackCache.empty(built.stack.n_layers)
-    steps = [built(x[:, t : t + 1], cache) for t in range(x.shape[1])]
-    torch.testing.assert_close(torch.cat(steps, 1), built(x))
+    torch.testing.assert_close(decoded_one_at_a_time(built, x), built(x))
 
 
 @pytest.mark.parametrize("preset", options("schedule"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from attnlab.attention.core import Attention
+from attnlab.attention.layer import Attention
 
 # (a part of torch.cuda.get_device_name(), dense bf16 FLOP/s), most specific first
 PEAK_BF16 = (

@@ -9,7 +9,8 @@ from typing import Any, Protocol
 
 from torch import nn
 
-from attnlab.attention.core import OUTPUT_GATES, AttentionParts, Compute
+from attnlab.attention.core import AttentionParts, Compute
+from attnlab.attention.layer import OUTPUT_GATES
 from attnlab.model.schedule import Schedule
 from attnlab.settings import (
     ARCHITECTURE,
@@ -65,6 +66,7 @@ class ModelConfig:
     flex_attention: bool = False  # on CUDA, FlexAttention for softmax with t5/alibi/shaw terms
     attention_chunk: int | None = 512  # queries attended at once (recomputed in training)
     output_gate: str | None = None  # self-attention's output gated: headwise | elementwise
+    qk_norm: bool = False  # RMSNorm of each head's q and k, learned scale (block=standard)
     schedule: Mapping[str, Any] | None = None  # hybrid stacks (model/schedule.py); None: uniform
     layer_norm_eps: float = 1e-5
     compile: bool = False  # torch.compile the network's forward (training and validation loss)

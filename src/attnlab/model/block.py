@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from attnlab.attention.core import Attention, AttentionParts, KVCache
+from attnlab.attention.core import AttentionParts
+from attnlab.attention.layer import Attention, KVCache
 from attnlab.model.architecture import ModelConfig
 
 
@@ -63,6 +64,8 @@ class CrossAttentionSublayer(nn.Module):
             init_std=cfg.init_std,
             out_std=out_std(cfg, cfg.decoder_layers),
             compute=cfg.compute,
+            qk_norm=cfg.qk_norm,
+            norm_eps=cfg.layer_norm_eps,
         )
         self.norm = cfg.layer_norm()
         self.drop = nn.Dropout(cfg.dropout)

@@ -22,14 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.core import (
-    AttentionParts,
-    KVCache,
-    Projected,
-    attend,
-    attention_weights,
-    rotate_and_cache,
-)
+from attnlab.attention.core import AttentionParts, attend, attention_weights
+from attnlab.attention.layer import KVCache, Projected, rotate_and_cache
 from attnlab.model.architecture import ModelConfig
 from attnlab.model.block import CrossAttentionSublayer, LayerCache, StackInputs, out_std, residual
 from attnlab.settings import ConfigError, require_counts
@@ -116,6 +110,11 @@ class GAUBlock(nn.Module):
             raise ConfigError(
                 f"model.output_gate={cfg.output_gate} gates block=standard's attention; "
                 "block=gau gates its output already (U ⊙ AV): drop model.output_gate"
+            )
+        if cfg.qk_norm:
+            raise ConfigError(
+                "model.qk_norm=true normalizes block=standard's heads; block=gau scales its "
+                "one shared q and k per dimension already (γ, β): drop model.qk_norm"
             )
         self.norm_first = cfg.norm_first
         self.unit = GatedAttentionUnit(cfg, shape, layer, parts)

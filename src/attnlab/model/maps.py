@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.core import Attention
+from attnlab.attention.layer import Attention
 from attnlab.model.gau import GatedAttentionUnit
 
 LAYERS = (Attention, GatedAttentionUnit)

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.core import Attention, AttentionParts
+from attnlab.attention.core import AttentionParts
+from attnlab.attention.layer import Attention
 from attnlab.model.architecture import ModelConfig
 from attnlab.model.block import CrossAttentionSublayer, LayerCache, StackInputs, out_std, residual
 from attnlab.shape import StackShape
@@ -51,6 +52,8 @@ class TransformerBlock(nn.Module):
             compute=cfg.compute,
             output_gate=cfg.output_gate,
             data_width=parts.pe.data_width,
+            qk_norm=cfg.qk_norm,
+            norm_eps=cfg.layer_norm_eps,
         )
         self.cross = CrossAttentionSublayer(cfg, layer) if cross else None
         self.ff_in = linear(d, cfg.d_ff, cfg.bias, cfg.init_std)

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.core import AttentionParts, KVCache
+from attnlab.attention.core import AttentionParts
+from attnlab.attention.layer import KVCache
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.block import LayerCache, StackInputs
 from attnlab.model.schedule import RUN_PE, LayerPlan, Schedule

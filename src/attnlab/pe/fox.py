@@ -16,8 +16,9 @@ optional RoPE is `use_rope`, not here).
 Conventions, as the authors' code (zhixuan-lin/forgetting-transformer): w_f is one row per
 head, N(0, init_std²), b_f = 0 at initialization (f = ½ everywhere); the gate reads the same
 normalized input as q, k and v; log f by logsigmoid. Of FoX's "Pro" block, the output gate
-is `model.output_gate=elementwise` (σ(x W), no bias, as theirs); its output RMSNorm, QK-norm
-and key/value shifts are not built here. Causal self-attention only: the sum runs over the
+is `model.output_gate=elementwise` (σ(x W), no bias, as theirs) and QK-norm is
+`model.qk_norm=true` (an RMSNorm per head with a scale per head and dimension, as theirs);
+its output RMSNorm and key/value shifts are not built here. Causal self-attention only: the sum runs over the
 keys between j and i in order.
 """
 

@@ -184,13 +184,16 @@ def every_combination(*groups: Sequence[Any], strength: int = 2) -> list[Any]:
 
 
 def refused_unless(
-    causal: bool, pe: str, norm: str = "softmax"
+    causal: bool, pe: str, norm: str = "softmax", heads: int = 2
 ) -> contextlib.AbstractContextManager:
     """Where a pe or norm defined for causal self-attention only meets a bidirectional stack,
-    expect its refusal (the block stops there); elsewhere, expect nothing."""
-    if causal or not (causal_only(pe) or causal_only(norm, "norm")):
-        return contextlib.nullcontext()
-    return pytest.raises(ConfigError, match="works in causal self-attention only")
+    or a norm that combines heads in pairs meets an odd number of `heads` (block=gau has
+    one), expect its refusal (the block stops there); elsewhere, expect nothing."""
+    if not causal and (causal_only(pe) or causal_only(norm, "norm")):
+        return pytest.raises(ConfigError, match="works in causal self-attention only")
+    if heads % 2 and own_class(variant("norm", norm)["_target_"]).paired_heads:
+        return pytest.raises(ConfigError, match="needs an even number of heads")
+    return contextlib.nullcontext()
 
 
 def decoded_one_at_a_time(model: Any, tokens: torch.Tensor, prefix: int = 1) -> torch.Tensor:

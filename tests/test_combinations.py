@@ -14,13 +14,19 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import every_combination, pairwise_cover, refused_unless, small_variant
+from helpers import (
+    decoded_one_at_a_time,
+    every_combination,
+    pairwise_cover,
+    refused_unless,
+    small_variant,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
-from attnlab.model.transformer import EncoderDecoder, Tagger
+from attnlab.model.transformer import DecoderLM, EncoderDecoder, Tagger
 from attnlab.options import causal_only, options, variant
 from attnlab.settings import ConfigError, build
 
@@ -72,11 +78,11 @@ def test_one_training_step_in_every_form(pe, norm, synthesizer, block):
     padding = torch.zeros_like(src, dtype=torch.bool)
     padding[1, -3:] = True
     for causal in (False, True):
-        with refused_unless(causal, pe, norm):
+        with refused_unless(causal, pe, norm, cfg.n_heads):
             tagger = Tagger(cfg, spec, VOCAB, 5, causal)
             logits = tagger(src, padding)
             train_step(tagger, F.cross_entropy(logits.flatten(0, 1), (src % 5).flatten()))
-    with refused_unless(False, pe, norm):  # the encoder is bidirectional
+    with refused_unless(False, pe, norm, cfg.n_heads):  # the encoder is bidirectional
         model = EncoderDecoder(cfg, spec, VOCAB, VOCAB)
         logits = model(src, padding, tgt[:, :-1])
         train_step(model, F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten()))
@@ -101,6 +107,13 @@ def check_causal_with_an_exact_cache(model: EncoderDecoder) -> None:
     torch.testing.assert_close(torch.cat(steps, 1), full)
 
 
+def check_decoder_lm_cache(model: DecoderLM) -> None:
+    """A decoder-only model decoding one token at a time with its cache gives the full pass."""
+    model = model.double().eval()
+    x = tokens()
+    torch.testing.assert_close(decoded_one_at_a_time(model, x), model(x))
+
+
 @pytest.mark.parametrize("pe,norm,synthesizer", EACH_VALUE)
 def test_decoding_is_causal_and_the_cache_changes_nothing(pe, norm, synthesizer):
     torch.manual_seed(0)
@@ -123,7 +136,7 @@ def test_gau_and_post_ln_decoders_are_causal_with_an_exact_cache(pe, norm, layou
         else {"norm_first": False, "qkv_bias": False}
     )
     cfg = tiny(init_std=0.2, **changes)
-    with refused_unless(False, pe, norm):
+    with refused_unless(False, pe, norm, cfg.n_heads):
         check_causal_with_an_exact_cache(
             EncoderDecoder(cfg, attention(pe, norm, "dot"), VOCAB, VOCAB)
         )

@@ -24,10 +24,12 @@ from attnlab.settings import ConfigError, build
 NORMS = options("norm")
 
 
-SCORES_SHAPE = replace(SHAPE, n_heads=3)  # the heads of scores_and_mask
+SCORES_SHAPE = replace(SHAPE, n_heads=4)  # the heads of scores_and_mask (even: differential)
 
 
 def normalizer(name: str, *overrides: str):
+    """The normalizer, its parameters drawn alike at each call (differential's λ vectors)."""
+    torch.manual_seed(0)
     shape = replace(SCORES_SHAPE, causal=bool(causal_only(name, "norm")))
     return build(variant("norm", name, *overrides), shape=shape)
 
@@ -44,14 +46,22 @@ def stick_breaking(s: torch.Tensor) -> torch.Tensor:
 
 def scores_and_mask(seed: int = 0, scale: float = 3.0):
     g = torch.Generator().manual_seed(seed)
-    scores = torch.randn(2, 3, 5, 7, generator=g, dtype=torch.float64) * scale
+    scores = torch.randn(2, 4, 5, 7, generator=g, dtype=torch.float64) * scale
     mask = torch.rand(2, 1, 5, 7, generator=g) > 0.3
     mask[..., 0] = True
     return scores, mask
 
 
-def reference(name: str, s: torch.Tensor) -> torch.Tensor:
-    """Each normalizer's formula on one row of visible scores, written out directly."""
+def differential(heads: torch.Tensor, h: int, lam: float) -> torch.Tensor:
+    """Heads 2p and 2p + 1 both get softmax(s_2p) − λ softmax(s_2p+1)."""
+    first, second = heads[h - h % 2], heads[h - h % 2 + 1]
+    return first.exp() / first.exp().sum() - lam * second.exp() / second.exp().sum()
+
+
+def reference(name: str, heads: torch.Tensor, h: int, norm) -> torch.Tensor:
+    """Each normalizer's formula on the visible scores of one query in each head [H, n],
+    for head h, written out directly (`norm` for learned parameters at their init)."""
+    s = heads[h]
     n = s.shape[-1]
     return {
         "softmax": lambda: s.exp() / s.exp().sum(),
@@ -65,16 +75,19 @@ def reference(name: str, s: torch.Tensor) -> torch.Tensor:
         "softpick": lambda: F.relu(s.exp() - 1) / ((s.exp() - 1).abs().sum() + 1e-8),
         "ssmax": lambda: torch.softmax(math.log(n) * s, -1),  # s = 1 at initialization
         "stick_breaking": lambda: stick_breaking(s),
+        "differential": lambda: differential(heads, h, norm.lam(0).item()),
     }[name]()
 
 
 @pytest.mark.parametrize("name", NORMS)
 def test_each_normalizer_is_its_formula_on_the_visible_keys(name):
     scores, mask = scores_and_mask()
-    weights = normalizer(name)(scores, mask, 0)
+    norm = normalizer(name)
+    weights = norm(scores, mask, 0)
     for index in row_indices(scores):
-        row, keep = scores[index], mask[index[0], 0, index[2]]
-        torch.testing.assert_close(weights[index][keep], reference(name, row[keep]))
+        b, h, i = index
+        heads, keep = scores[b, :, i], mask[b, 0, i]
+        torch.testing.assert_close(weights[index][keep], reference(name, heads[:, keep], h, norm))
         assert (weights[index][~keep] == 0).all()
 
 
@@ -86,10 +99,10 @@ def row_indices(scores: torch.Tensor):
 def test_softmax_rows_sum_to_one_and_l2_rows_have_unit_norm():
     scores, mask = scores_and_mask(scale=10.0)
     torch.testing.assert_close(
-        normalizer("softmax")(scores, mask, 0).sum(-1), torch.ones(2, 3, 5, dtype=torch.float64)
+        normalizer("softmax")(scores, mask, 0).sum(-1), torch.ones(2, 4, 5, dtype=torch.float64)
     )
     l2 = normalizer("l2")(scores, mask, 0)
-    torch.testing.assert_close(l2.norm(dim=-1), torch.ones(2, 3, 5, dtype=torch.float64))
+    torch.testing.assert_close(l2.norm(dim=-1), torch.ones(2, 4, 5, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("name", NORMS)
@@ -98,7 +111,7 @@ def test_extreme_scores_and_fully_masked_rows_stay_finite(name, dtype):
     scores = torch.tensor(
         [[1e3, -1e3, 0.0, 1e3], [-1e3, -1e3, -1e3, -1e3], [5.0, 1.0, 2.0, 3.0]], dtype=dtype
     )
-    scores = scores[None, None].requires_grad_()
+    scores = scores[None, None].repeat(1, SCORES_SHAPE.n_heads, 1, 1).requires_grad_()
     mask = torch.tensor([[True, True, True, True], [True, True, True, True], [False] * 4])[
         None, None
     ]
@@ -139,6 +152,7 @@ def random_qkv(seed: int = 0, length: int = 6):
 
 
 def nope_attention(norm: str, x, q, k, v, fast: bool = False):
+    torch.manual_seed(0)  # the same parameters at each call (differential's λ vectors)
     parts = make_parts("none", norm, "dot").double()
     pos = torch.arange(q.shape[2])
     return attend(parts, 0, x, q, k, v, pos, pos, None, Compute(fast=fast))
@@ -241,3 +255,13 @@ def test_rows_sum_to_one_exactly_where_the_normalizer_declares_it(name):
     scores, mask = scores_and_mask(scale=5.0)
     sums = normalizer(name)(scores, mask, 0).sum(-1)
     assert torch.allclose(sums, torch.ones_like(sums)) == normalizer(name).rows_sum_to_one
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_row_sums_are_one_number_per_head_whatever_the_scores_where_declared(name):
+    """Softmax's 1, differential attention's 1 − λ: identical values give equal outputs."""
+    norm = normalizer(name)
+    sums = torch.stack([norm(*scores_and_mask(seed, 5.0), 0).sum(-1) for seed in (0, 1)])
+    fixed = torch.allclose(sums, sums[:1, :1, :, :1].expand_as(sums))  # [seed, B, H, Lq]
+    assert fixed == norm.fixed_row_sums
+    assert norm.fixed_row_sums or not norm.rows_sum_to_one

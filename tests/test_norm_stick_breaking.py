@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import SHAPE, decoded_one_at_a_time
-from test_combinations import attention, tiny, tokens
+from helpers import SHAPE
+from test_combinations import attention, check_decoder_lm_cache, tiny
 
 from attnlab.model.transformer import DecoderLM
 from attnlab.options import variant
@@ -51,10 +51,9 @@ def test_attend_current_lets_the_querys_own_key_break_the_stick_first():
 @pytest.mark.parametrize("pe", ["none", "rope", "alibi"])
 def test_decoding_one_token_at_a_time_is_the_full_pass(pe):
     torch.manual_seed(0)
-    model = DecoderLM(tiny(init_std=0.3), attention(pe, "stick_breaking", "dot"), 11)
-    model = model.double().eval()
-    x = tokens()
-    torch.testing.assert_close(decoded_one_at_a_time(model, x), model(x))
+    check_decoder_lm_cache(
+        DecoderLM(tiny(init_std=0.3), attention(pe, "stick_breaking", "dot"), 11)
+    )
 
 
 @pytest.mark.parametrize(

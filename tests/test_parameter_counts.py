@@ -169,14 +169,16 @@ def test_fixed_random_is_excluded_from_the_total_although_it_is_in_the_state_dic
     )
 
 
-# one learned number per layer and head: the sink logit b, SSMax's scale s
-LEARNED_PER_HEAD = {"sink", "ssmax"}
+# per layer: one learned number per head (the sink logit b, SSMax's scale s), or
+# differential attention's four λ vectors of the q/k head width and its RMSNorm's gain over
+# a pair of heads' outputs
+LEARNED_PER_LAYER = {"sink": HEADS, "ssmax": HEADS, "differential": 4 * D // HEADS + 2 * D // HEADS}
 
 
 @pytest.mark.parametrize("norm", options("norm"))
-def test_normalizers_learn_one_number_per_layer_and_head_or_none(norm):
+def test_normalizers_learn_their_papers_parameters_per_layer_or_none(norm):
     counts = parameter_counts(tagger(attention(norm=norm), bool(causal_only(norm, "norm"))))
-    own = LAYERS * HEADS if norm in LEARNED_PER_HEAD else 0
+    own = LAYERS * LEARNED_PER_LAYER.get(norm, 0)
     assert counts == {
         "total": tagger_total(standard_block(), own), "pe": 0, "synthesizer": 0, "norm": own,
     }  # fmt: skip

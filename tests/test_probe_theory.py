@@ -3,7 +3,8 @@
 With n identical tokens and no markers, a PE that only changes pre-softmax scores keeps the
 rows of softmax attention stochastic, so every position gets the same output in every
 layer: the model cannot tell positions apart. Absolute PEs, markers and normalizers whose
-rows do not sum to 1 break the symmetry.
+rows do not sum to 1 (nor to another number fixed whatever the scores, as differential
+attention's 1 − λ) break the symmetry.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from attnlab.tasks.probe import ZERO, probe_example
 # q·k must vary visibly with position for a difference to show: a larger init than training uses.
 WIDE_INIT = ["model=tiny", "model.init_std=0.3", "model.dropout=0.0"]
 SCORE_ONLY_PES = ["none", "rope", "t5", "alibi", "xl", "deberta"]
-ROW_STOCHASTIC = [
+# rows that sum to 1, or to another number whatever the scores (differential's 1 − λ): over
+# identical values every position gets the same output
+FIXED_ROW_SUMS = [
     n
     for n in options("norm")
     if build(
         variant("norm", n), shape=replace(SHAPE, causal=bool(causal_only(n, "norm")))
-    ).rows_sum_to_one
+    ).fixed_row_sums
 ]
 # softpick's rows sum to 1 (less an ε/i) when every score is positive and to less where some
 # are not: whether a configuration tells positions apart depends on the scores' signs, which
@@ -83,7 +86,7 @@ def test_score_only_pes_and_synthesizers_give_identical_outputs_under_softmax(
         *[
             ["pe=rope", f"norm={norm}", f"task.causal={bool(causal_only(norm, 'norm'))}"]
             for norm in options("norm")
-            if norm not in ROW_STOCHASTIC
+            if norm not in FIXED_ROW_SUMS
         ],
     ],
     ids=lambda overrides: " ".join(overrides),

@@ -197,6 +197,7 @@ class Attention(nn.Module):
         q, k, v, data = self.project(x, parts, q_pos, k_pos, memory, cache)
         compute = self.compute.at(self.training)
         out = attend(parts, self.layer, x, q, k, v, q_pos, k_pos, mask, compute, is_causal, data)
+        out = parts.norm.output(out, self.layer)  # the identity but for differential attention
         if self.gate is not None:
             gate = torch.sigmoid(split_heads(self.gate(x), self.shape.n_heads))  # [B, H, L, 1|dv]
             out = out * gate.to(out.dtype)

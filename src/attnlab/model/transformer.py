@@ -124,13 +124,11 @@ class Stack(nn.Module):
         )
         self.drop = nn.Dropout(cfg.dropout)
         self.final_norm = cfg.layer_norm() if cfg.norm_first else nn.Identity()
-        # the PEs (the stack's and those inside it) that start a pass: found once, not per pass
-        encoders = {
-            "parts.pe": self.parts.pe,
-            **{f"encodings.{n}": e for n, e in self.encodings.items()},
-        }
+        # the PEs that start a pass (the stack's, those inside it, a schedule's encodings), by
+        # the name their draws are kept under in a cache: found once, not per pass
+        encoders = {"": self.parts.pe, **{f"encodings.{n}": e for n, e in self.encodings.items()}}
         self.beginning = [
-            f"{prefix}.{name}".rstrip(".")
+            (f"{prefix}.{name}".strip("."), module)
             for prefix, encoder in encoders.items()
             for name, module in encoder.named_modules()
             if isinstance(module, PositionalEncoding)
@@ -150,8 +148,7 @@ class Stack(nn.Module):
         drawn = {} if cache is None else cache.drawn
         if cache is not None and cache.capacity is not None:
             length = max(length, cache.capacity)
-        for name in self.beginning:
-            module = self.get_submodule(name)
+        for name, module in self.beginning:
             drawn[name] = module.begin(length, device, drawn.get(name))
 
     def forward(

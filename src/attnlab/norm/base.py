@@ -13,6 +13,12 @@ Every normalizer computes in float32 at least, whatever the activations' dtype (
 under mixed precision): exponentials, squares and row sums of bf16 scores lose up to 10% of a
 weight, against the bf16 rounding of the scores themselves. The weights come back in the
 scores' dtype, the one the product with v runs in.
+
+A normalizer that also acts on the heads' outputs (differential attention's per-pair
+RMSNorm) declares `acts_on_output` and overrides `output`, which `Attention.forward` applies
+to the attention output [B, H, Lq, d_v] before the output gate and projection. One that
+combines heads in pairs declares why in `paired_heads` and is refused for an odd number of
+heads (block=gau has one).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from attnlab.settings import ConfigError
 from attnlab.shape import StackShape, check_causal_only
 
 
@@ -29,12 +36,22 @@ class Normalizer(nn.Module):
     sdpa = False  # True only for softmax: F.scaled_dot_product_attention computes the same
     shift_invariant = False  # w(s + c) = w(s) for a per-row constant c: a key bias does nothing
     rows_sum_to_one = False  # Σ_j w_ij = 1 over the visible keys: a value bias passes through
+    fixed_row_sums = False  # Σ_j w_ij is one number per layer and head, whatever the scores
+    acts_on_output = False  # `output` changes the attention output (else the identity)
+    paired_heads: str | None = None  # why it combines its heads in pairs
     reads_order = False  # the weights depend on the keys' order: a positional mechanism itself
     causal_only: str | None = None  # why it is defined for causal self-attention only
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()
         check_causal_only(self, shape, "or choose another norm")
+        if self.paired_heads and shape.n_heads % 2:
+            raise ConfigError(
+                f"{type(self).__name__} combines its heads in pairs ({self.paired_heads}), so "
+                f"it needs an even number of heads, not {shape.n_heads}: set model.n_heads "
+                "to an even number (block=gau has one head: use block=standard), or choose "
+                "another norm"
+            )
 
     def forward(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         """The weights of `normalize`, computed in float32 or wider, in the scores' dtype."""
@@ -43,6 +60,10 @@ class Normalizer(nn.Module):
 
     def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         raise NotImplementedError
+
+    def output(self, out: Tensor, layer: int) -> Tensor:
+        """The attention output [B, H, Lq, d_v] of `layer` as the layer passes it on."""
+        return out
 
 
 class LayerHeads(nn.Module):

@@ -14,6 +14,7 @@ from attnlab.norm.base import Normalizer, exp_normalize
 class Softmax(Normalizer):
     shift_invariant = True
     rows_sum_to_one = True
+    fixed_row_sums = True
     sdpa = True
 
     def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:

@@ -21,6 +21,7 @@ from attnlab.shape import StackShape
 class SSMax(Normalizer):
     shift_invariant = True
     rows_sum_to_one = True
+    fixed_row_sums = True
 
     def __init__(self, shape: StackShape, scale: float, learned: bool) -> None:
         super().__init__(shape)

@@ -13,7 +13,9 @@ breaks the symmetry:
 - a relative PE inside attention (rotation, score terms) with [CLS]/[SEP] markers: the
   weights on the markers' different values depend on the distances to them;
 - a relative PE with a normalizer whose rows do not sum to 1: the row sums depend on
-  which offsets j − i exist, so the output is a different multiple of the common value;
+  which offsets j − i exist, so the output is a different multiple of the common value
+  (unless every row sums to one fixed number whatever its scores: 1 − λ under differential
+  attention);
 - a causal mask with markers (the share of [CLS] depends on i), or with a normalizer whose
   row sum over i equal scores depends on i (√i for exp-L2, i·e^s for exp).
 
@@ -45,16 +47,28 @@ class Prediction:
     why: str
 
 
+def row_sums(norm: Normalizer) -> torch.Tensor:
+    """The row sums [2, H, KEYS] of two draws of random scores, for every head of SHAPE (a
+    normalizer may combine heads)."""
+    scores = torch.randn(2, SHAPE.n_heads, KEYS, KEYS, generator=torch.Generator().manual_seed(0))
+    return norm(scores.double(), None, 0).sum(-1)
+
+
 def rows_sum_to_one(norm: Normalizer) -> bool:
-    scores = torch.randn(1, 1, KEYS, KEYS, generator=torch.Generator().manual_seed(0))
-    sums = norm(scores.double(), None, 0).sum(-1)
+    sums = row_sums(norm)
     return torch.allclose(sums, torch.ones_like(sums))
+
+
+def fixed_row_sums(norm: Normalizer) -> bool:
+    """Whether each head's rows sum to one number whatever their scores."""
+    sums = row_sums(norm)
+    return torch.allclose(sums, sums[:1, :, :1].expand_as(sums))
 
 
 def sum_depends_on_count(norm: Normalizer) -> bool:
     """Whether a row of i equal scores (a causal row of identical tokens) sums to a value
     that changes with i."""
-    scores = torch.full((1, 1, KEYS, KEYS), 0.5, dtype=torch.float64)
+    scores = torch.full((1, SHAPE.n_heads, KEYS, KEYS), 0.5, dtype=torch.float64)
     causal = torch.ones(KEYS, KEYS, dtype=torch.bool).tril()
     sums = norm(scores, causal, 0).sum(-1).flatten()
     return not torch.allclose(sums, sums[0].expand_as(sums))
@@ -77,6 +91,7 @@ def predict(
     shape = replace(SHAPE, causal=causal)
     encoding, normalizer = build(pe, shape=shape), build(norm, shape=shape)
     stochastic = rows_sum_to_one(normalizer)
+    fixed = stochastic or fixed_row_sums(normalizer)
     if encoding.embeds:
         return Prediction(True, "absolute PE: each position gets its own input vector")
     if normalizer.reads_order:
@@ -89,12 +104,14 @@ def predict(
         return Prediction(True, "causal: the row sum depends on the number of visible keys")
     if encoding.acts_in_attention and markers:
         return Prediction(True, "relative PE: the distances to [CLS] and [SEP] differ")
-    if encoding.acts_in_attention and not stochastic:
+    if encoding.acts_in_attention and not fixed:
         return Prediction(True, "rows do not sum to 1: their sums depend on which j − i exist")
     if not encoding.acts_in_attention and not causal:
         return Prediction(False, "no position information: the tokens are interchangeable")
     if stochastic:
         return Prediction(False, "rows sum to 1 over identical values: equal outputs")
+    if fixed:
+        return Prediction(False, "each row sums to the same number over identical values")
     return Prediction(False, "causal: every row sums to the same over identical values")
 
 

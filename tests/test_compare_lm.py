@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,12 @@ import yaml
 from matplotlib.image import imread
 from test_compare import fake_run, read_csv
 
-from attnlab.compare.lengths import applicable, position_bands, ppl_bands
+from attnlab.compare.lengths import applicable, position_bands, ppl_bands, sinks_by_layer
 from attnlab.compare.report import compare
 from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, interval, summary
+from attnlab.compare.sinks import sink_band, sinks_table
 from attnlab.settings import ConfigError
 
 LENGTHS = (32, 64, 128)
@@ -36,25 +38,33 @@ def fake_lm_run(
     bound: int | None = None,
     record: bool = True,
     position_loss: float = 0.0,
+    sinks: dict[int, list[float]] | None = None,
 ) -> Path:
     """A tested language-model run: perplexity `ppl[L]` at each length L in non-overlapping
     windows (one less in sliding ones), NaN past `bound` (its pe.max_len, if any), which
     lengths/test.json (written if `record`) marks not applicable. The loss at position p of
-    the windows of each applicable length is `position_loss` + p / 100."""
+    the windows of each applicable length is `position_loss` + p / 100. `sinks[L]`: the
+    attention sink of each layer measured at L (task.system.sink_windows=4)."""
     test: dict[str, float] = {"step": 11}
     for length, value in ppl.items():
         test.update({f"test/loss@{length}": math.log(value), f"test/ppl@{length}": value,
                      f"test/ppl_sliding@{length}": value - 1})  # fmt: skip
+    for length, shares in (sinks or {}).items():
+        test[f"test/sink@{length}"] = sum(shares) / len(shares)
     fake_run(directory, overrides, [{"step": 10, "val/loss": 3.0}, test], mode="min")
     config_file = directory / ".hydra" / "config.yaml"
     config = yaml.safe_load(config_file.read_text())
     pe = {"name": "learned", "max_len": bound} if bound else {"name": "rope"}
     task = {"name": "lm", "metric": "val/loss", "data": {"block_size": 32}}
+    if sinks:
+        task["system"] = {"sink_windows": 4}
     config.update(pe=pe, task={**config["task"], **task})
     config_file.write_text(yaml.safe_dump(config))
     (directory / "lengths").mkdir()
     fits = [length for length in ppl if bound is None or length <= bound]
     lengths = {str(n): {"ppl": ppl[n]} if n in fits else {"applicable": False} for n in ppl}
+    for length, shares in (sinks or {}).items():
+        lengths[str(length)].update(sink=sum(shares) / len(shares), sink_by_layer=shares)
     if record:
         text = json.dumps({"max_positions": bound, "lengths": lengths})
         (directory / "lengths" / "test.json").write_text(text)
@@ -215,3 +225,125 @@ def test_a_lengths_block_over_runs_of_another_task_is_one_sentence(tmp_path):
     fake_run(tmp_path / "docs" / "results" / "runs" / "lm" / "0", ["seed=0"], [])
     with pytest.raises(ConfigError, match="kind lengths, which reads lm runs, but its records"):
         regenerate(results_md(tmp_path))
+
+
+# the attention sink (task.system.sink_windows): RESULTS.md's `sinks` kind
+
+
+def shares(length: int, seed: int, layers: int = 2) -> list[float]:
+    """A fake run's sink in each layer at `length`: a different number per layer, length and
+    seed (seeds 0, 1, 2 add 0, 0.01, 0.04: unevenly spaced, so that only Student's t interval
+    of these values gives the half-width the tests compute)."""
+    return [0.2 * (layer + 1) / length**0.5 + 0.01 * seed**2 for layer in range(layers)]
+
+
+def sinks_study(directory: Path) -> Path:
+    """rope with 3 seeds measured at every length; learned with 64 positions, 2 seeds measured
+    at 32 and 64 (n/a at 128); t5 measured by seed 0 alone; alibi measured by neither seed."""
+    ppl = {32: 10.0, 64: 12.0, 128: 20.0}
+    for seed in range(3):
+        sinks = {n: shares(n, seed) for n in LENGTHS}
+        fake_lm_run(directory / f"rope{seed}", ["pe=rope", f"seed={seed}"], ppl, sinks=sinks)
+    for seed in range(2):
+        learned = ["pe=learned", f"seed={seed}", "pe.max_len=64"]
+        sinks = {n: shares(n, seed) for n in (32, 64)}
+        fake_lm_run(directory / f"learned{seed}", learned, {**ppl, 128: NAN}, 64, sinks=sinks)
+        sinks = {n: shares(n, seed) for n in LENGTHS} if seed == 0 else None
+        fake_lm_run(directory / f"t5{seed}", ["pe=t5", f"seed={seed}"], ppl, sinks=sinks)
+        fake_lm_run(directory / f"alibi{seed}", ["pe=alibi", f"seed={seed}"], ppl)
+    return directory
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """The mean and the half-width of its 95% Student's t interval, computed here."""
+    from scipy.stats import t as student_t
+
+    n = len(values)
+    mean = sum(values) / n
+    deviation = math.sqrt(sum((value - mean) ** 2 for value in values) / (n - 1))
+    return mean, float(student_t.ppf(0.975, n - 1)) * deviation / math.sqrt(n)
+
+
+def expected_cell(length: int, layer: int, seeds: range) -> str:
+    mean, half = t_interval([shares(length, seed)[layer] for seed in seeds])
+    assert half > 0.001, "four decimals show it"
+    return f"{mean:.4f} ± {half:.4f}"
+
+
+def uniform_reference(length: int) -> float:
+    """(H_L − 1)/(L − 1): queries 1..L−1 attending uniformly give the first key 1/(i + 1)."""
+    harmonic = sum(Fraction(1, k) for k in range(1, length + 1))
+    return float((harmonic - 1) / (length - 1))
+
+
+def sinks_block(tmp_path: Path) -> str:
+    sinks_study(tmp_path / "sweep")
+    archive(tmp_path / "sweep", tmp_path / "docs" / "results" / "runs" / "lm")
+    return regenerate(results_md(tmp_path, "sinks"), draw=True)
+
+
+def test_a_sinks_block_gives_each_layers_mean_and_interval_over_seeds_at_each_length(tmp_path):
+    text = sinks_block(tmp_path)
+    assert "| pe | pe.max_len | seeds | layer | L=32 | L=64 | L=128 |" in text
+    for layer in (0, 1):
+        cells = " | ".join(expected_cell(n, layer, range(3)) for n in LENGTHS)
+        assert f"| rope |  | 3 | {layer + 1} | {cells} |" in text
+        cells = " | ".join(expected_cell(n, layer, range(2)) for n in (32, 64))
+        assert f"| learned | 64 | 2 | {layer + 1} | {cells} | n/a |" in text
+    assert "| rope |  | 3 | 3 |" not in text, "one row per layer measured"
+    assert "the mean ± the half-width of its 95% t interval over the seeds" in text
+    assert "over the first 4 whole test windows of length L" in text
+
+
+def test_runs_without_sink_records_read_not_measured(tmp_path):
+    text = sinks_block(tmp_path)
+    assert "| alibi |  | 2 |  | not measured | not measured | not measured |" in text
+    one = [f"{shares(n, 0)[0]:.4f} (1 seed: no interval); 1 seed not measured" for n in LENGTHS]
+    assert f"| t5 |  | 2 | 1 | {' | '.join(one)} |" in text
+    assert " 0.0000" not in text and "| 0 |" not in text
+
+
+def test_the_first_row_is_uniform_attentions_share_of_the_first_token(tmp_path):
+    text = sinks_block(tmp_path)
+    assert f"{uniform_reference(32):.4f}" == "0.0987"  # (H_32 − 1)/31 = 0.098661
+    references = " | ".join(f"{uniform_reference(n):.4f}" for n in LENGTHS)
+    lines = text.splitlines()
+    first = lines[next(i for i, line in enumerate(lines) if line.startswith("|---|")) + 1]
+    assert first == f"|  |  |  | uniform attention (no sink) | {references} |"
+
+
+def test_the_sinks_plot_is_drawn_with_the_mean_and_interval_over_seeds(tmp_path):
+    text = sinks_block(tmp_path)
+    assert is_png_image(tmp_path / "docs" / "results" / "lm.png")
+    assert "![lm: attention sink by evaluation length](docs/results/lm.png)" in text
+    configs = configurations(find_runs(tmp_path / "sweep"), ["pe", "seed", "pe.max_len"])
+    rope = next(config for config in configs if config.setting["pe"] == "rope")
+    for layer in (0, 1):
+        xs, mean, low, high = sink_band([sinks_by_layer(run) for run in rope.runs], layer)
+        assert list(xs) == list(LENGTHS)
+        found = [t_interval([shares(n, seed)[layer] for seed in range(3)]) for n in LENGTHS]
+        assert mean == pytest.approx([m for m, _ in found])
+        assert low == pytest.approx([max(0.0, m - h) for m, h in found])
+        assert high == pytest.approx([m + h for m, h in found])
+    first_layer_low = sink_band([sinks_by_layer(run) for run in rope.runs], 0)[2]
+    mean, half = t_interval([shares(128, seed)[0] for seed in range(3)])
+    assert mean - half < 0 and first_layer_low[-1] == 0.0, "cut at 0, the least a share can be"
+
+
+def test_past_six_lengths_the_table_shows_the_shortest_and_the_longest(tmp_path):
+    many = [32 * 2**k for k in range(7)]
+    sinks = {n: shares(n, 0) for n in many}
+    fake_lm_run(tmp_path / "0", ["pe=rope", "seed=0"], dict.fromkeys(many, 9.0), sinks=sinks)
+    configs = configurations(find_runs(tmp_path), ["pe", "seed"])
+    text = sinks_table(configs)
+    assert "| seeds | layer | L=32 | L=2048 |" in text
+    assert f"| {uniform_reference(2048):.4f} |" in text
+    assert "the shortest and the longest of the lengths (32, 64, 128, 256, 512, 1024, 2048)" in text
+
+
+def test_compare_shows_the_sink_at_each_length(tmp_path):
+    compare(sinks_study(tmp_path))
+    rows = {row["run"]: row for row in read_csv(tmp_path / "comparison.csv")}
+    for n in LENGTHS:
+        assert float(rows["rope2"][f"test/sink@{n}"]) == pytest.approx(sum(shares(n, 2)) / 2)
+    assert rows["alibi0"]["test/sink@32"] == ""

@@ -181,11 +181,13 @@ def bands_figure(
     ylabel: str,
     marks: Mapping[float, str],
     log_y: bool = True,
+    references: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
 ) -> Figure:
     """One panel per title of `panels`, PANELS_PER_ROW to a row on a shared y axis; in each,
-    one line per label: the mean, the range from smallest to largest shaded. x is on a log-2
-    scale (y too with `log_y`); `marks` draws a dotted vertical line at each x, labelled in
-    the legend. A label keeps its colour in every panel."""
+    one line per label: the mean, the range from smallest to largest shaded (or whatever
+    interval the band gives). x is on a log-2 scale (y too with `log_y`); `marks` draws a
+    dotted vertical line at each x, `references` a dashed black curve (xs, ys) in every
+    panel, each labelled in the legend. A label keeps its colour in every panel."""
     columns = min(len(panels), PANELS_PER_ROW)
     rows = math.ceil(len(panels) / columns)
     figure = Figure(figsize=(1.5 + 4.5 * columns, 4.0 * rows))
@@ -203,6 +205,8 @@ def bands_figure(
             ax.fill_between(xs, low, high, color=colour, alpha=0.2, linewidth=0)
         for x, text in marks.items():
             ax.axvline(x, color="grey", linestyle=":", label=text)
+        for text, (xs, ys) in (references or {}).items():
+            ax.plot(xs, ys, color="black", linestyle="--", linewidth=1, label=text)
         log2_axis(ax, xlabel)
         if log_y:
             log10_y_axis(ax)

@@ -55,6 +55,18 @@ def record(run: Run, stage: str = STAGE) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+def sinks_by_layer(run: Run, stage: str = STAGE) -> dict[int, list[float]]:
+    """length -> the attention sink of each layer there (`sink_by_layer`), as the run's
+    lengths/<stage>.json records it; {} where it measured none (no task.system.sink_windows)."""
+    found = record(run, stage).get("lengths")
+    entries = found.items() if isinstance(found, dict) else []
+    return {
+        int(length): [float(share) for share in entry["sink_by_layer"]]
+        for length, entry in entries
+        if isinstance(entry, dict) and isinstance(entry.get("sink_by_layer"), list)
+    }
+
+
 def max_lens(node: object) -> Iterator[int]:
     """Every integer `max_len` in a config subtree (a PE's, a URPE base's, a synthesizer's or
     its mixture components')."""

@@ -35,6 +35,9 @@ records give, or a figure's stamp from their digest. The kinds of table, and the
                     non-overlapping and in sliding windows, the mean and its 95% t interval
                     over the seeds, n/a past the model's positions; perplexity by length
                     (`attnlab.compare.lengths`)
+    sinks           language models tested with task.system.sink_windows: each layer's
+                    attention sink by evaluation length, the mean and its 95% t interval over
+                    the seeds, under uniform attention's; a panel per layer (`compare.sinks`)
     generalization  the synthetic tasks: test exact match in each bucket of lengths per task,
                     the mean and its 95% t interval over the seeds, and each configuration's
                     mean reciprocal rank across tasks and seeds; exact match by length
@@ -70,6 +73,7 @@ from attnlab.compare.report import (
 from attnlab.compare.runs import Run, find_runs
 from attnlab.compare.seeds import Configuration, configurations, summary
 from attnlab.compare.significance import HYPOTHESES, bootstrap_table
+from attnlab.compare.sinks import plot_sinks, sinks_table
 from attnlab.options import options, variant
 from attnlab.plots import stamp, stamped
 from attnlab.settings import VARIANTS, ConfigError, to_dict
@@ -232,6 +236,7 @@ KINDS = {
     "extrapolation": Kind(extrapolation_table, plot_by_position, "accuracy by position", "probe"),
     "configurations": Kind(configurations_table, validation_loss, "validation loss by step"),
     "lengths": Kind(lengths_table, plot_ppl_by_length, "perplexity by evaluation length", "lm"),
+    "sinks": Kind(sinks_table, plot_sinks, "attention sink by evaluation length", "lm"),
     "generalization": Kind(
         generalization_table,
         plot_accuracy_by_length,

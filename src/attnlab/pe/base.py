@@ -11,6 +11,7 @@ A variant overrides only the hooks it needs (`q`, `k`: [B, H, L, d_h]; positions
     reweight(weights, ...)        transform the normalized matrix        (urpe)
     value_term(weights, ...)      add a term to the output               (shaw's a^V)
     begin(length, device, drawn)  start a forward pass: state its hooks share (randomized)
+    without_dot_product()         the synthesizer computes no q·k: drop what acts through it (pope)
 
 `score_bias` and `value_term` return None when they add nothing. Relative positions are
 built from the absolute `q_pos` and `k_pos`, so the same code serves full sequences,
@@ -74,6 +75,11 @@ class PositionalEncoding(nn.Module):
         the pass must share, for the stack to hand back at the session's later steps
         (randomized's sampled positions); nothing here."""
         return None
+
+    def without_dot_product(self) -> None:
+        """Called by the attention parts where the synthesizer computes no q·k, before any
+        pass: a variant whose parameters act through `rotate` and `rotate_key` alone (pope's
+        phase bias) drops them, since a parameter without a gradient stops DDP; nothing here."""
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         return x

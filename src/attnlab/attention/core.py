@@ -86,6 +86,8 @@ class AttentionParts(nn.Module):
 
     def __init__(self, pe: PositionalEncoding, norm: Normalizer, synthesizer: Synthesizer) -> None:
         super().__init__()
+        if not (synthesizer.needs_query and synthesizer.needs_key):
+            pe.without_dot_product()
         self.pe, self.norm, self.synthesizer = pe, norm, synthesizer
         self.block_masks = BlockMasks()  # FlexAttention's, shared by the stack's layers
 

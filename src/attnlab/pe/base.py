@@ -12,6 +12,7 @@ A variant overrides only the hooks it needs (`q`, `k`: [B, H, L, d_h]; positions
     value_term(weights, ...)      add a term to the output               (shaw's a^V)
     data_term(q, k, data, ...)    add a term computed from the tokens    (fox: forget gates)
     begin(length, device, drawn)  start a forward pass: state its hooks share (randomized)
+    without_dot_product()         the synthesizer computes no q·k: drop what acts through it (pope)
 
 `score_bias`, `value_term` and `data_term` return None when they add nothing. A variant whose
 positions are computed from the data (`data_width` > 0) gets, per layer, `data_width`
@@ -82,6 +83,11 @@ class PositionalEncoding(nn.Module):
         the pass must share, for the stack to hand back at the session's later steps
         (randomized's sampled positions); nothing here."""
         return None
+
+    def without_dot_product(self) -> None:
+        """Called by the attention parts where the synthesizer computes no q·k, before any
+        pass: a variant whose parameters act through `rotate` and `rotate_key` alone (pope's
+        phase bias) drops them, since a parameter without a gradient stops DDP; nothing here."""
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         return x

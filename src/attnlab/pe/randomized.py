@@ -143,6 +143,9 @@ class RandomizedPE(PositionalEncoding):
         """The drawn positions p_i at positions i (i itself when nothing is drawn)."""
         return pos if self.drawn is None or not self.randomizes else self.drawn[pos]
 
+    def without_dot_product(self) -> None:
+        self.base.without_dot_product()
+
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         return self.base.embed(x, self.at(pos))
 

@@ -62,6 +62,9 @@ class URPE(PositionalEncoding):
         self.needs_query, self.needs_key = self.base.needs_query, self.base.needs_key
         self.table = nn.Parameter(torch.ones(2 * self.max_len - 1, shape.n_heads))
 
+    def without_dot_product(self) -> None:
+        self.base.without_dot_product()
+
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         return self.base.embed(x, pos)
 

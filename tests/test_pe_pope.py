@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pe_xpos import scores  # q̃ k̃ᵀ from rotate and rotate_key
 
-from attnlab.attention.core import Attention, Compute, KVCache
+from attnlab.attention.core import Compute
+from attnlab.attention.layer import Attention, KVCache
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import DecoderLM, EncoderDecoder, Tagger, attention_mask

@@ -7,6 +7,7 @@ self-attention."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -84,14 +85,21 @@ def test_fixed_gates_are_a_linear_bias_in_the_distance():
     torch.testing.assert_close(term[0], slopes[:, None, None] * distance)
 
 
-@pytest.mark.parametrize(
+# the other paths, and the blocks and norms decoded, for every data-dependent PE (fox, path)
+COMPUTES = pytest.mark.parametrize(
     "compute",
     [Compute(fast=False), Compute(chunk=3), Compute(fast=False, chunk=2)],
     ids=["plain", "blocks", "plain blocks"],
 )
-def test_every_path_computes_the_same(compute):
-    fast, parts = fox_layer()
-    other, _ = fox_layer(compute)
+BLOCKS = pytest.mark.parametrize("block", ["standard", "gau"])
+NORMS = pytest.mark.parametrize("norm", ["softmax", "stick_breaking"])
+
+
+def check_every_path(make_layer: Callable[..., tuple[Attention, AttentionParts]], compute):
+    """The layer `make_layer(compute)` gives the output and input gradient of `make_layer()`
+    (the default, fast computation), in a causal stack."""
+    fast, parts = make_layer()
+    other, _ = make_layer(compute)
     x = torch.randn(2, LENGTH, CAUSAL.d_model, dtype=torch.float64, requires_grad=True)
     pos = torch.arange(LENGTH)
     expected = fast(x, parts, pos, pos, causal_mask(LENGTH), is_causal=True)
@@ -102,15 +110,25 @@ def test_every_path_computes_the_same(compute):
     torch.testing.assert_close(grad, expected_grad)
 
 
-@pytest.mark.parametrize("block", ["standard", "gau"])
-@pytest.mark.parametrize("norm", ["softmax", "stick_breaking"])
-def test_decoding_one_token_at_a_time_is_the_full_pass(block, norm):
+def check_decoding(pe: str, block: str, norm: str) -> None:
+    """A decoder-only model with `pe`, decoding one token at a time, gives the full pass."""
     torch.manual_seed(0)
     blocks = {"block": GAU(qk_dim=8, expansion=2), "n_heads": 1} if block == "gau" else {}
-    model = DecoderLM(tiny(init_std=0.3, **blocks), attention("fox", norm, "dot"), 11)
+    model = DecoderLM(tiny(init_std=0.3, **blocks), attention(pe, norm, "dot"), 11)
     model = model.double().eval()
     x = tokens()
     torch.testing.assert_close(decoded_one_at_a_time(model, x, prefix=2), model(x))
+
+
+@COMPUTES
+def test_every_path_computes_the_same(compute):
+    check_every_path(fox_layer, compute)
+
+
+@BLOCKS
+@NORMS
+def test_decoding_one_token_at_a_time_is_the_full_pass(block, norm):
+    check_decoding("fox", block, norm)
 
 
 def test_the_gates_learn():

@@ -184,16 +184,27 @@ def every_combination(*groups: Sequence[Any], strength: int = 2) -> list[Any]:
 
 
 def refused_unless(
-    causal: bool, pe: str, norm: str = "softmax", heads: int = 2
+    causal: bool, pe: str, norm: str = "softmax", heads: int = 2, synthesizer: str = "dot"
 ) -> contextlib.AbstractContextManager:
     """Where a pe or norm defined for causal self-attention only meets a bidirectional stack,
-    or a norm that combines heads in pairs meets an odd number of `heads` (block=gau has
-    one), expect its refusal (the block stops there); elsewhere, expect nothing."""
+    a norm that combines heads in pairs meets an odd number of `heads` (block=gau has one),
+    or a pe that replaces q·k meets a synthesizer that weighs q·k in a mixture, expect its
+    refusal (the block stops there); elsewhere, expect nothing."""
     if not causal and (causal_only(pe) or causal_only(norm, "norm")):
         return pytest.raises(ConfigError, match="works in causal self-attention only")
     if heads % 2 and own_class(variant("norm", norm)["_target_"]).paired_heads:
         return pytest.raises(ConfigError, match="needs an even number of heads")
+    if dot_replaced_in_a_mixture(pe, synthesizer):
+        return pytest.raises(ConfigError, match="weighs q·k in a mixture")
     return contextlib.nullcontext()
+
+
+def dot_replaced_in_a_mixture(pe: str, synthesizer: str) -> bool:
+    """Whether a pe that replaces q·k (pe=path) meets a synthesizer that weighs q·k in a
+    mixture: a combination refused at build."""
+    built = build(variant("synthesizer", synthesizer), shape=SHAPE)  # a mixture reads q, k
+    weighs_dot = built.needs_query and built.needs_key and not built.plain_dot
+    return weighs_dot and bool(own_class(variant("pe", pe)["_target_"]).replaces_dot)
 
 
 def decoded_one_at_a_time(model: Any, tokens: torch.Tensor, prefix: int = 1) -> torch.Tensor:

@@ -22,7 +22,7 @@ from attnlab.settings import build
     every_combination(options("pe"), options("norm"), options("synthesizer"), [False, True]),
 )
 def test_the_weights_times_v_are_the_attention_output(pe, norm, synthesizer, causal):
-    with refused_unless(causal, pe, norm):
+    with refused_unless(causal, pe, norm, synthesizer=synthesizer):
         torch.manual_seed(0)
         shape = replace(SHAPE, causal=causal)
         nodes = [

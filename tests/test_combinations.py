@@ -78,11 +78,11 @@ def test_one_training_step_in_every_form(pe, norm, synthesizer, block):
     padding = torch.zeros_like(src, dtype=torch.bool)
     padding[1, -3:] = True
     for causal in (False, True):
-        with refused_unless(causal, pe, norm, cfg.n_heads):
+        with refused_unless(causal, pe, norm, cfg.n_heads, synthesizer):
             tagger = Tagger(cfg, spec, VOCAB, 5, causal)
             logits = tagger(src, padding)
             train_step(tagger, F.cross_entropy(logits.flatten(0, 1), (src % 5).flatten()))
-    with refused_unless(False, pe, norm, cfg.n_heads):  # the encoder is bidirectional
+    with refused_unless(False, pe, norm, cfg.n_heads, synthesizer):  # the encoder is bidirectional
         model = EncoderDecoder(cfg, spec, VOCAB, VOCAB)
         logits = model(src, padding, tgt[:, :-1])
         train_step(model, F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten()))
@@ -118,7 +118,7 @@ def check_decoder_lm_cache(model: DecoderLM) -> None:
 def test_decoding_is_causal_and_the_cache_changes_nothing(pe, norm, synthesizer):
     torch.manual_seed(0)
     spec = attention(pe, norm, synthesizer)
-    with refused_unless(False, pe, norm):
+    with refused_unless(False, pe, norm, synthesizer=synthesizer):
         check_causal_with_an_exact_cache(EncoderDecoder(tiny(init_std=0.2), spec, VOCAB, VOCAB))
 
 
@@ -154,7 +154,7 @@ def test_gau_and_post_ln_decoders_are_causal_with_an_exact_cache(pe, norm, layou
 def test_gau_decoders_with_synthesized_scores_are_causal_with_an_exact_cache(synthesizer, pe, norm):
     torch.manual_seed(0)
     cfg = tiny(init_std=0.2, block=BLOCKS["gau"], n_heads=1)
-    with refused_unless(False, pe, norm):
+    with refused_unless(False, pe, norm, synthesizer=synthesizer):
         model = EncoderDecoder(cfg, attention(pe, norm, synthesizer), VOCAB, VOCAB)
         check_causal_with_an_exact_cache(model)
 
@@ -162,12 +162,13 @@ def test_gau_decoders_with_synthesized_scores_are_causal_with_an_exact_cache(syn
 @pytest.mark.parametrize("pe,norm,synthesizer", COMBINATIONS)
 def test_a_causal_stack_ignores_future_tokens(pe, norm, synthesizer):
     torch.manual_seed(0)
-    tagger = Tagger(tiny(init_std=0.2), attention(pe, norm, synthesizer), VOCAB, 5, causal=True)
-    tagger = tagger.double().eval()
-    x = tokens()
-    changed = x.clone()
-    changed[:, 4:] = (changed[:, 4:] + 3) % VOCAB
-    torch.testing.assert_close(tagger(changed, None)[:, :4], tagger(x, None)[:, :4])
+    with refused_unless(True, pe, norm, synthesizer=synthesizer):
+        spec = attention(pe, norm, synthesizer)
+        tagger = Tagger(tiny(init_std=0.2), spec, VOCAB, 5, causal=True).double().eval()
+        x = tokens()
+        changed = x.clone()
+        changed[:, 4:] = (changed[:, 4:] + 3) % VOCAB
+        torch.testing.assert_close(tagger(changed, None)[:, :4], tagger(x, None)[:, :4])
 
 
 @pytest.mark.parametrize("pe", options("pe"))

@@ -182,3 +182,9 @@ def test_without_a_dot_product_it_asks_for_no_channels():
 def test_outside_causal_self_attention_it_is_one_sentence(shape):
     with pytest.raises(ConfigError, match="causal self-attention only"):
         build(variant("pe", "path"), shape=shape)
+
+
+@pytest.mark.parametrize("synthesizer", ["dense_vanilla", "random_vanilla"])
+def test_a_mixture_that_weighs_the_dot_product_is_one_sentence(synthesizer):
+    with pytest.raises(ConfigError, match=r"PaTH replaces q_i·k_j .* weighs q·k in a mixture"):
+        DecoderLM(tiny(), attention("path", "softmax", synthesizer), 11)

@@ -60,7 +60,7 @@ from attnlab.attention.flex import BlockMasks, flex_attend
 from attnlab.attention.term import term_attention
 from attnlab.norm.base import Normalizer
 from attnlab.pe.base import PositionalEncoding
-from attnlab.settings import build
+from attnlab.settings import ConfigError, build
 from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesizer
 
@@ -88,6 +88,11 @@ class AttentionParts(nn.Module):
         super().__init__()
         if not (synthesizer.needs_query and synthesizer.needs_key):
             pe.without_dot_product()
+        elif pe.replaces_dot and not synthesizer.plain_dot:
+            raise ConfigError(
+                f"{type(pe).__name__} {pe.replaces_dot}, but {type(synthesizer).__name__} "
+                "weighs q·k in a mixture: use synthesizer=dot, or a synthesizer without q·k"
+            )
         self.pe, self.norm, self.synthesizer = pe, norm, synthesizer
         self.block_masks = BlockMasks()  # FlexAttention's, shared by the stack's layers
 

@@ -61,6 +61,7 @@ class PositionalEncoding(nn.Module):
     needs_key = False  # score_bias reads k
     flex = False  # score_mod gives score_bias's term to FlexAttention
     causal_only: str | None = None  # why it is defined for causal self-attention only
+    replaces_dot: str | None = None  # what it puts in q·k's place: no mixture may weigh q·k
     data_width = 0  # channels a head that data_term reads, projected from the layer's input
 
     def __init__(self, shape: StackShape) -> None:

@@ -29,10 +29,9 @@ here: it would be pe=fox's term added to this one.
 
 The attention core still adds the synthesizer's scaled q_i·k_j, so `data_term` returns the
 difference (q_iᵀ P_ij k_j − q_i·k_j)·scale with scale = `self.scale(d)`: the total is PaTH's
-score, exact up to rounding. That assumes synthesizer=dot's unit weight on q·k: a mixture
+score, exact up to rounding. That needs synthesizer=dot's unit weight on q·k: a mixture
 with a dot component (dense_vanilla, random_vanilla) weighs q·k by its α while this term
-is unweighted, so the sum is not α·q_iᵀ P_ij k_j — a limitation, not detected (the PE does
-not see the synthesizer's weight). A synthesizer with no q·k (random, dense, factorized)
+is unweighted, so it is refused (`replaces_dot`). A synthesizer with no q·k (random, dense, factorized)
 leaves PaTH nothing to transform: as rope, it then does nothing, and it asks for no data
 channels (`without_dot_product`), so no projection is left without a gradient.
 
@@ -60,6 +59,7 @@ EPS = 1e-6  # floor on ‖u_t‖ in w_t = u_t / ‖u_t‖
 
 class PaTH(PositionalEncoding):
     causal_only = "its transforms accumulate over the tokens between key and query, in order"
+    replaces_dot = "replaces q_i·k_j by q_iᵀ P_ij k_j"
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__(shape)

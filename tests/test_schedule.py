@@ -117,6 +117,13 @@ def test_a_wrong_schedule_is_one_sentence(plan, message):
         tiny(schedule=plan)
 
 
+def test_an_encoding_that_is_no_positional_encoding_is_one_sentence():
+    plan = schedule({}, {"pe": "other"})
+    plan["encodings"]["other"] = variant("norm", "softmax")
+    with pytest.raises(ConfigError, match=r"attnlab\.norm\.softmax\.Softmax"):
+        model("rope", plan)
+
+
 def test_a_schedule_that_cannot_mean_what_it_says_is_refused():
     with pytest.raises(ConfigError, match="none of the 2 layers the run's pe"):
         model("rope", schedule({"pe": "nope"}, nope="none"))

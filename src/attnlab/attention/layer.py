@@ -81,9 +81,7 @@ class HeadRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(n_heads, 1, dim))
         self.eps = eps
 
-    def forward(self, x: Tensor | None) -> Tensor | None:
-        if x is None:
-            return None
+    def forward(self, x: Tensor) -> Tensor:
         wide = x.to(torch.promote_types(x.dtype, torch.float32))
         normed = F.rms_norm(wide, (x.shape[-1],), eps=self.eps).to(x.dtype)
         return normed * self.weight.to(x.dtype)
@@ -149,11 +147,11 @@ class Attention(nn.Module):
 
     def _queries(self, x: Tensor, width: int) -> Tensor | None:
         q = self._heads(x, width)
-        return q if self.q_norm is None else self.q_norm(q)
+        return q if q is None or self.q_norm is None else self.q_norm(q)
 
     def _keys(self, x: Tensor, width: int) -> Tensor | None:
         k = self._heads(x, width)
-        return k if self.k_norm is None else self.k_norm(k)
+        return k if k is None or self.k_norm is None else self.k_norm(k)
 
     def project(
         self,

@@ -213,7 +213,8 @@ def scheduled_encodings(
             f"model.schedule gives none of the {n_layers} layers the run's pe "
             f"({type(run_pe).__name__}): put `pe` in its pattern, or choose that encoding with pe="
         )
-    built = {name: build(schedule.encodings[name], shape=shape) for name in names if name != RUN_PE}
+    encodings = {name: schedule.encodings[name] for name in names if name != RUN_PE}
+    built = {name: build(node, ("attnlab.pe.",), shape=shape) for name, node in encodings.items()}
     embedding = [type(pe).__name__ for pe in (run_pe, *built.values()) if pe.embeds]
     if built and embedding:
         raise ConfigError(

@@ -216,8 +216,8 @@ def test_evaluation_attends_in_query_blocks_too():
     pos = torch.arange(10)
     seen = []
     normalize = parts.norm.forward
-    parts.norm.forward = lambda scores, mask, layer: (
-        seen.append(scores.shape[-2]) or normalize(scores, mask, layer)
+    parts.norm.forward = lambda scores, mask, layer, state: (
+        seen.append(scores.shape[-2]) or normalize(scores, mask, layer, state)
     )
     with torch.no_grad():
         blocks = attend(parts, 0, x, q, k, v, pos, pos, None, Compute(chunk=4))

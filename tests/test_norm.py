@@ -44,6 +44,17 @@ def stick_breaking(s: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def selected_away(scores: torch.Tensor, visible: torch.Tensor, i: int) -> torch.Tensor:
+    """Selective attention's F for query i of one batch row ([H, Lq, Lk] scores, [Lq, Lk]
+    mask), as a loop: Σ over earlier queries k of ReLU(s⁰_kj) over k's visible keys j but
+    its last (its own) and the first key."""
+    total = torch.zeros(scores.shape[-1], dtype=scores.dtype)
+    for k in range(i):
+        for j in visible[k].nonzero().flatten().tolist()[:-1]:
+            total[j] += max(scores[0, k, j].item(), 0.0) if j else 0.0
+    return total
+
+
 def scores_and_mask(seed: int = 0, scale: float = 3.0):
     g = torch.Generator().manual_seed(seed)
     scores = torch.randn(2, 4, 5, 7, generator=g, dtype=torch.float64) * scale
@@ -76,6 +87,7 @@ def reference(name: str, heads: torch.Tensor, h: int, norm) -> torch.Tensor:
         "ssmax": lambda: torch.softmax(math.log(n) * s, -1),  # s = 1 at initialization
         "stick_breaking": lambda: stick_breaking(s),
         "differential": lambda: differential(heads, h, norm.lam(0).item()),
+        "selective": lambda: s.exp() / s.exp().sum(),  # of the scores less F (selected_away)
     }[name]()
 
 
@@ -87,6 +99,8 @@ def test_each_normalizer_is_its_formula_on_the_visible_keys(name):
     for index in row_indices(scores):
         b, h, i = index
         heads, keep = scores[b, :, i], mask[b, 0, i]
+        if name == "selective":
+            heads = heads - selected_away(scores[b], mask[b, 0], i)
         torch.testing.assert_close(weights[index][keep], reference(name, heads[:, keep], h, norm))
         assert (weights[index][~keep] == 0).all()
 

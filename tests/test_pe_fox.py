@@ -92,7 +92,7 @@ COMPUTES = pytest.mark.parametrize(
     ids=["plain", "blocks", "plain blocks"],
 )
 BLOCKS = pytest.mark.parametrize("block", ["standard", "gau"])
-NORMS = pytest.mark.parametrize("norm", ["softmax", "stick_breaking"])
+NORMS = pytest.mark.parametrize("norm", ["softmax", "stick_breaking", "selective"])
 
 
 def check_every_path(make_layer: Callable[..., tuple[Attention, AttentionParts]], compute):

@@ -58,7 +58,7 @@ from torch.utils.checkpoint import checkpoint
 from attnlab.attention.distance import DistanceScores, distance_attention
 from attnlab.attention.flex import BlockMasks, flex_attend
 from attnlab.attention.term import term_attention
-from attnlab.norm.base import Normalizer
+from attnlab.norm.base import Normalizer, RunningState
 from attnlab.pe.base import PositionalEncoding
 from attnlab.settings import ConfigError, build
 from attnlab.shape import StackShape
@@ -151,6 +151,7 @@ def attend(
     compute: Compute = Compute(),
     is_causal: bool = False,
     data: Tensor | None = None,
+    state: RunningState | None = None,
 ) -> Tensor:
     """Attention output [B, H, Lq, d_v].
 
@@ -158,16 +159,17 @@ def attend(
     [B, H, L, d_h] (None where nothing needs them); v [B, H, Lk, d_v]; mask boolean,
     broadcastable to [B, H, Lq, Lk], True where a query may attend; `is_causal` says that
     it is exactly the causal mask of Lq = Lk positions (see `exactly_causal`); `data`
-    [B, H, Lk, w] the channels a data-dependent PE reads at every key (`pe.data_width`). With
-    `compute.chunk`, attention runs in blocks of that many queries, recomputed in training
-    (see the module docstring).
+    [B, H, Lk, w] the channels a data-dependent PE reads at every key (`pe.data_width`);
+    `state` the cache's, for a normalizer that `carries_state`. With `compute.chunk`,
+    attention runs in blocks of that many queries, recomputed in training (see the module
+    docstring), unless the normalizer reads earlier queries (`carries_state`).
     """
     n, chunk = q_pos.shape[0], compute.chunk
     flex = compute.flex and v.is_cuda and n > 1 and not compute.dropout and parts.flex()
     distance = _distance_scores(parts, compute, q, v, q_pos, k_pos)
     term = distance is None and _term_path(parts, compute, q, v, n)
     fused = flex or distance is not None or term or (compute.fast and parts.fused())
-    if chunk is not None and n > chunk and not fused:
+    if chunk is not None and n > chunk and not fused and not parts.norm.carries_state:
         whole = replace(compute, chunk=None)
         blocks = []
         for start in range(0, n, chunk):
@@ -206,7 +208,7 @@ def attend(
             extra = extra.to(q.dtype)  # float32 bias tables with bf16 activations
             mask = extra if mask is None else torch.where(mask, extra, float("-inf"))
         return F.scaled_dot_product_attention(q, k, v, mask, compute.dropout, scale=scale)
-    weights = _weights(parts, layer, synthesis.dot, extra, q, k, q_pos, k_pos, mask)
+    weights = _weights(parts, layer, synthesis.dot, extra, q, k, q_pos, k_pos, mask, state)
     weights = F.dropout(weights, compute.dropout, training=compute.dropout > 0)
     return _add(torch.matmul(weights, v), parts.pe.value_term(weights, q_pos, k_pos, layer))
 
@@ -321,10 +323,12 @@ def _weights(
     q_pos: Tensor,
     k_pos: Tensor,
     mask: Tensor | None,
+    state: RunningState | None = None,
 ) -> Tensor:
     if dot is not None:
         assert q is not None and k is not None
         q, scale = _scaled_dot(parts, dot, q)
         extra = _add(torch.matmul(q * scale, k.transpose(-2, -1)), extra)
     assert extra is not None, "a synthesizer must give a dot product, logits or both"
-    return parts.pe.reweight(parts.norm(extra, mask, layer), q_pos, k_pos, layer)
+    weights = parts.norm(extra, mask, layer, state)
+    return parts.pe.reweight(weights, q_pos, k_pos, layer)

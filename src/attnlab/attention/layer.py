@@ -4,7 +4,7 @@ computes from the projected heads is `attend` (attnlab.attention.core).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention.core import AttentionParts, Compute, attend, attention_weights
+from attnlab.norm.base import RunningState
 from attnlab.pe.base import PositionalEncoding
 from attnlab.shape import StackShape
 from attnlab.tensors import linear, merge_heads, split_heads
@@ -46,11 +47,12 @@ def _cat(old: Tensor | None, new: Tensor | None) -> Tensor | None:
 @dataclass
 class KVCache:
     """Keys, values and data channels seen so far by one attention layer (incremental
-    decoding)."""
+    decoding), and what its normalizer keeps of the earlier queries (`carries_state`)."""
 
     k: Tensor | None = None
     v: Tensor | None = None
     data: Tensor | None = None
+    norm_state: RunningState = field(default_factory=RunningState)
 
     def extend(self, new: Projected) -> Projected:
         """Append the new keys, values and data; return all of them with the new queries."""
@@ -67,6 +69,7 @@ class KVCache:
         self.k, self.v, self.data = (
             None if t is None else t.index_select(0, index) for t in (self.k, self.v, self.data)
         )
+        self.norm_state.reorder(index)
 
 
 OUTPUT_GATES = (None, "headwise", "elementwise")
@@ -194,7 +197,9 @@ class Attention(nn.Module):
     ) -> Tensor:
         q, k, v, data = self.project(x, parts, q_pos, k_pos, memory, cache)
         compute = self.compute.at(self.training)
-        out = attend(parts, self.layer, x, q, k, v, q_pos, k_pos, mask, compute, is_causal, data)
+        state = None if cache is None else cache.norm_state
+        args = (q_pos, k_pos, mask, compute, is_causal, data, state)
+        out = attend(parts, self.layer, x, q, k, v, *args)
         out = parts.norm.output(out, self.layer)  # the identity but for differential attention
         if self.gate is not None:
             gate = torch.sigmoid(split_heads(self.gate(x), self.shape.n_heads))  # [B, H, L, 1|dv]

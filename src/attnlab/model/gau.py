@@ -89,9 +89,9 @@ class GatedAttentionUnit(nn.Module):
         u, (q, k, v, data) = self.project(x, inputs, cache)
         compute = self.compute.at(self.training)
         parts, q_pos, k_pos, mask = inputs.parts, inputs.q_pos, inputs.k_pos, inputs.mask
-        a = attend(
-            parts, self.layer, x, q, k, v, q_pos, k_pos, mask, compute, inputs.is_causal, data
-        )
+        state = None if cache is None else cache.norm_state
+        args = (q_pos, k_pos, mask, compute, inputs.is_causal, data, state)
+        a = attend(parts, self.layer, x, q, k, v, *args)
         return self.out(u * a[:, 0])
 
     def weights(self, x: Tensor, inputs: StackInputs) -> Tensor:

@@ -19,13 +19,21 @@ RMSNorm) declares `acts_on_output` and overrides `output`, which `Attention.forw
 to the attention output [B, H, Lq, d_v] before the output gate and projection. One that
 combines heads in pairs declares why in `paired_heads` and is refused for an odd number of
 heads (block=gau has one).
+
+A normalizer whose weights for query i read the scores of earlier queries (selective
+attention) declares `carries_state` and overrides `adjust`, which turns the scores into the
+ones it normalizes. Between cached decoding steps it keeps what it needs of the earlier
+queries in a `RunningState` that the layer's KV cache holds; attention never splits its
+queries into blocks for it, so the full pass sees every earlier query.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.settings import ConfigError
@@ -41,6 +49,7 @@ class Normalizer(nn.Module):
     paired_heads: str | None = None  # why it combines its heads in pairs
     reads_order = False  # the weights depend on the keys' order: a positional mechanism itself
     causal_only: str | None = None  # why it is defined for causal self-attention only
+    carries_state = False  # query i's weights read earlier queries' scores (`adjust`)
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()
@@ -53,10 +62,17 @@ class Normalizer(nn.Module):
                 "another norm"
             )
 
-    def forward(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
-        """The weights of `normalize`, computed in float32 or wider, in the scores' dtype."""
+    def forward(
+        self, scores: Tensor, mask: Tensor | None, layer: int, state: RunningState | None = None
+    ) -> Tensor:
+        """The weights of `normalize`, computed in float32 or wider, in the scores' dtype.
+        `state`: the cache's, for a normalizer that `carries_state` (None: no earlier queries)."""
         wide = scores.to(torch.promote_types(scores.dtype, torch.float32))
-        return self.normalize(wide, mask, layer).to(scores.dtype)
+        return self.normalize(self.adjust(wide, mask, state), mask, layer).to(scores.dtype)
+
+    def adjust(self, scores: Tensor, mask: Tensor | None, state: RunningState | None) -> Tensor:
+        """The scores as `normalize` takes them: unchanged but where `carries_state`."""
+        return scores
 
     def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         raise NotImplementedError
@@ -64,6 +80,25 @@ class Normalizer(nn.Module):
     def output(self, out: Tensor, layer: int) -> Tensor:
         """The attention output [B, H, Lq, d_v] of `layer` as the layer passes it on."""
         return out
+
+
+@dataclass
+class RunningState:
+    """What a normalizer that `carries_state` keeps of one layer's earlier queries between
+    cached decoding steps: one value per batch row and key seen so far, [B, Lk] (None
+    before the first step)."""
+
+    value: Tensor | None = None
+
+    def widened(self, like: Tensor) -> Tensor:
+        """The value [.., Lk] for the keys of `like` [.., Lk]: zeros for keys it has not seen."""
+        if self.value is None:
+            return torch.zeros_like(like)
+        return F.pad(self.value, (0, like.shape[-1] - self.value.shape[-1]))
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows `index` (beam search)."""
+        self.value = None if self.value is None else self.value.index_select(0, index)
 
 
 class LayerHeads(nn.Module):
@@ -102,3 +137,9 @@ def visible_keys(scores: Tensor, mask: Tensor | None) -> Tensor:
 
 def zero_masked(weights: Tensor, mask: Tensor | None) -> Tensor:
     return weights if mask is None else weights * mask
+
+
+def own_keys(visible: Tensor) -> Tensor:
+    """Each row's last visible key [.., Lq, Lk]: in causal self-attention the query's own
+    (with or without a cache, where the queries are the last keys)."""
+    return visible & (visible.flip(-1).cumsum(-1).flip(-1) == 1)

@@ -14,7 +14,7 @@ normalizer's, and float16 activations (`trainer.precision=16-mixed`) are refused
 import torch
 from torch import Tensor
 
-from attnlab.norm.base import Normalizer, exp_normalize
+from attnlab.norm.base import Normalizer, RunningState, exp_normalize
 from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
@@ -31,13 +31,15 @@ class Exp(Normalizer):
         super().__init__(shape)
         self.max_score = max_score
 
-    def forward(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
+    def forward(
+        self, scores: Tensor, mask: Tensor | None, layer: int, state: RunningState | None = None
+    ) -> Tensor:
         if in_float16(scores):
             raise ConfigError(
                 "norm=exp gives weights up to e^max_score, beyond float16's range: train it "
                 "with trainer.precision=bf16-mixed or 32-true, not 16-mixed"
             )
-        return super().forward(scores, mask, layer)
+        return super().forward(scores, mask, layer, state)
 
     def normalize(self, scores: Tensor, mask: Tensor | None, layer: int) -> Tensor:
         if self.max_score is not None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.norm.base import Normalizer
+from attnlab.norm.base import Normalizer, own_keys
 from attnlab.shape import StackShape
 
 
@@ -38,8 +38,7 @@ class StickBreaking(Normalizer):
         rows = torch.broadcast_shapes(scores.shape, visible.shape)  # logits may have no batch
         scores, visible = scores.expand(rows), visible.expand(rows)
         if not self.attend_current:  # the row's last visible key is the query's own
-            own = visible & (visible.flip(-1).cumsum(-1).flip(-1) == 1)
-            visible = visible & ~own
+            visible = visible & ~own_keys(visible)
         rest = torch.where(visible, F.logsigmoid(-scores), 0.0)  # log(1 − β), 0 where unseen
         after = rest.flip(-1).cumsum(-1).flip(-1) - rest  # Σ over visible keys k > j
         return torch.where(visible, torch.exp(F.logsigmoid(scores) + after), 0.0)

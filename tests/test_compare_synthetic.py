@@ -24,11 +24,11 @@ from attnlab.compare.lengths import (
 from attnlab.compare.report import compare
 from attnlab.compare.results import block_options, regenerate
 from attnlab.compare.runs import find_runs
-from attnlab.compare.seeds import configurations
+from attnlab.compare.seeds import configurations, paired_compared
 from attnlab.settings import ConfigError
 
 # task -> its bucket ends; pe -> exact match in each bucket, before the seed's shift
-BUCKETS = {"copy": (20, 40, 60, 80), "mqar": (64, 128)}
+BUCKETS = {"copy": (20, 40, 60, 80), "mqar": (64, 128), "sort": (20, 40), "reverse": (20, 40)}
 ACCURACY = {"rope": (1.0, 0.5, 0.2, 0.1), "none": (1.0, 0.9, 0.8, 0.7), "alibi": (1.0, 0.5)}
 
 
@@ -49,7 +49,7 @@ def fake_synthetic_run(directory: Path, task: str, pe: str, seed: int) -> Path:
 
 @pytest.fixture
 def sweep(tmp_path: Path) -> Path:
-    jobs = [(task, pe, seed) for task in BUCKETS for pe in ("rope", "none") for seed in (0, 1)]
+    jobs = [(t, pe, seed) for t in ("copy", "mqar") for pe in ("rope", "none") for seed in (0, 1)]
     for job, (task, pe, seed) in enumerate(jobs):
         if (task, pe) != ("mqar", "none"):  # a configuration that did not run every task
             fake_synthetic_run(tmp_path / str(job), task, pe, seed)
@@ -95,16 +95,16 @@ def test_each_configuration_is_ranked_per_task_and_seed_on_the_longer_buckets(sw
     assert longer_accuracy(runs[("mqar", "rope", "0")]) == pytest.approx(0.5)
     ranks = reciprocal_ranks(by_task(configs(sweep)))
     # copy: none first, rope second, in both seeds; mqar: rope alone, first in both
-    assert sorted(ranks["pe=rope"]) == [0.5, 0.5, 1.0, 1.0]
-    assert ranks["pe=none"] == [1.0, 1.0]
+    assert ranks["pe=rope"] == {"copy": [0.5, 0.5], "mqar": [1.0, 1.0]}
+    assert ranks["pe=none"] == {"copy": [1.0, 1.0]}
 
 
 def test_tied_configurations_share_their_mean_rank(tmp_path):
     for job, pe in enumerate(("rope", "alibi", "none")):
         fake_synthetic_run(tmp_path / str(job), "mqar", pe, 0)
     ranks = reciprocal_ranks(by_task(configs(tmp_path)))
-    assert ranks["pe=none"] == [1.0]  # 0.9 at 128
-    assert ranks["pe=rope"] == ranks["pe=alibi"] == pytest.approx([1 / 2.5])  # 0.5: ranks 2, 3
+    assert ranks["pe=none"] == {"mqar": [1.0]}  # 0.9 at 128
+    assert ranks["pe=rope"]["mqar"] == ranks["pe=alibi"]["mqar"] == pytest.approx([1 / 2.5])
 
 
 def test_the_results_table_gives_each_bucket_with_its_interval_and_the_ranks(sweep):
@@ -114,7 +114,9 @@ def test_the_results_table_gives_each_bucket_with_its_interval_and_the_ranks(swe
         line for line in table.splitlines() if line.startswith("| pe=rope | 2 | 0.990")
     )
     assert copy_rope.count("±") == 5  # a 95% interval in each of four buckets and past them
-    assert "| pe=none | 2 | 1.000 ± 0.000 |" in table  # first in both copy seeds
+    # none ran copy alone (first in both seeds): one task, no interval; rope ranks in two
+    assert "| pe=none | 1 | 1.000 (1 task: no interval) |" in table
+    assert "| pe=rope | 2 | 0.750 ± 3.177 |" in table  # copy 0.5, mqar 1: t(0.975, 1) = 12.7
 
 
 def test_a_configuration_without_its_tasks_longest_bucket_is_blank_there(sweep):
@@ -139,13 +141,12 @@ def test_the_results_table_counts_the_seeds_that_learned_the_task(tmp_path):
     assert "| pe=rope | 2 | 1 of 2 |" in table
 
 
-def study_with_three_seeds(root: Path) -> Path:
-    """docs/results/runs/lg under `root`: copy with rope, none and alibi, seeds 0, 1 and 2."""
+def study_with_three_seeds(root: Path, tasks: tuple[str, ...] = ("copy",)) -> Path:
+    """docs/results/runs/lg under `root`: `tasks` with rope, none and alibi, seeds 0, 1, 2."""
     records = root / "docs" / "results" / "runs" / "lg"
-    for job, (pe, seed) in enumerate(
-        (pe, s) for pe in ("rope", "none", "alibi") for s in (0, 1, 2)
-    ):
-        fake_synthetic_run(records / str(job), "copy", pe, seed)
+    jobs = [(t, pe, s) for t in tasks for pe in ("rope", "none", "alibi") for s in (0, 1, 2)]
+    for job, (task, pe, seed) in enumerate(jobs):
+        fake_synthetic_run(records / str(job), task, pe, seed)
     return records
 
 
@@ -159,7 +160,7 @@ def test_each_table_gives_exact_match_past_the_training_lengths(tmp_path):
 
 
 def test_an_among_block_ranks_only_its_configurations_and_judges_each_pair(tmp_path):
-    study_with_three_seeds(tmp_path)
+    study_with_three_seeds(tmp_path, ("copy", "sort", "reverse"))
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text(
         "<!-- results:lg generalization among=pe=none;pe=rope -->\n<!-- /results:lg -->\n"
@@ -167,13 +168,44 @@ def test_an_among_block_ranks_only_its_configurations_and_judges_each_pair(tmp_p
     text = regenerate(results_md, draw=True)
     assert "pe=alibi" not in text  # kept out of the ranks
     assert "**copy**" not in text  # the tables by length are the full block's
-    # ranked among the two: none first in each seed, rope second (third among all three)
+    # ranked among the two: none first in each task and seed, rope second (third among three)
+    assert "| configuration | tasks | mean reciprocal rank |" in text
     assert "| pe=none | 3 | 1.000 ± 0.000 |" in text
     assert "| pe=rope | 3 | 0.500 ± 0.000 |" in text
     assert text.index("| pe=none | 3 | 1.000") < text.index("| pe=rope | 3 | 0.500")
-    assert "| first | second | mean reciprocal rank | copy |" in text
-    assert "| pe=none | pe=rope | ahead | ahead |" in text
+    assert "| first | second | mean reciprocal rank | copy | sort | reverse |" in text
+    assert "| pe=none | pe=rope | ahead | ahead | ahead | ahead |" in text
     assert "![" not in text and not (tmp_path / "docs" / "results" / "lg.png").exists()
+
+
+def test_ranks_take_the_task_as_their_unit_and_leave_out_a_task_no_run_learned(tmp_path):
+    records = study_with_three_seeds(tmp_path, ("copy", "sort", "mqar"))
+    for run in records.iterdir():  # nobody learns mqar: every run falls short of 0.99
+        config_file = run / ".hydra" / "config.yaml"
+        config = yaml.safe_load(config_file.read_text())
+        config["callbacks"] = {"early_stopping": {"stopping_threshold": 0.99}}
+        config_file.write_text(yaml.safe_dump(config))
+        if config["task"]["name"] == "mqar":
+            metrics = run / "csv" / "metrics.csv"
+            metrics.write_text(metrics.read_text().replace(",1.0", ",0.3", 1))
+    table = generalization_table(configs(records))
+    assert "Left out: mqar, which no run of any configuration learned" in table
+    # copy and sort: none 1, then rope and alibi share ranks 2 and 3 past copy's first bucket
+    # (alibi has none: its copy runs end at 40, rope's 0.5 ties alibi's) -> 2 tasks, not 6
+    assert "| pe=none | 2 | 1.000 ± 0.000 |" in table
+    assert "| configuration | tasks | mean reciprocal rank |" in table
+
+
+def test_a_single_task_gets_no_mean_reciprocal_rank(tmp_path):
+    table = generalization_table(configs(study_with_three_seeds(tmp_path)))
+    assert "**Mean reciprocal rank**: not given, with fewer than two tasks to rank." in table
+
+
+def test_pairs_by_task_judge_the_mean_of_the_differences():
+    assert paired_compared([0.10, 0.12, 0.11]) == "ahead"  # small, steady: found
+    assert paired_compared([-0.5, -0.4, -0.6]) == "behind"
+    assert paired_compared([0.5, -0.4, 0.1]) == "tie"
+    assert paired_compared([0.5, 0.5]) == "fewer than 3 tasks"
 
 
 def test_an_among_block_naming_a_configuration_the_records_lack_is_one_sentence(tmp_path):

@@ -1,8 +1,14 @@
 """The synthetic tasks' tables in RESULTS.md (kind `generalization`): test exact match in each
 bucket of lengths per task with its 95% t interval over the seeds, how many seeds learned the
-task, each configuration's mean reciprocal rank across tasks and seeds (Kazemnejad et al.
-2023, Fig. 1), and, for a block's `among=` configurations, the verdict rule's answer for each
-pair of them."""
+task, each configuration's mean reciprocal rank across tasks (Kazemnejad et al. 2023, Fig. 1),
+and, for a block's `among=` configurations, the verdict rule's answer for each pair of them.
+
+Ranks take the task as their unit: in one task and seed every configuration is ranked
+against the others, so its ranks are coupled across configurations and are not independent
+samples. Each configuration's reciprocal rank in a task is the mean over the task's seeds;
+its mean reciprocal rank is the mean over tasks with a t interval over tasks, and two
+configurations are compared paired by task (the 95% t interval of their differences). A
+task that no run of any configuration learned ranks failures: it is left out, and named."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from attnlab.compare.lengths import (
 )
 from attnlab.compare.report import Row, markdown_table
 from attnlab.compare.runs import Run
-from attnlab.compare.seeds import Configuration, compared, summary
+from attnlab.compare.seeds import Configuration, compared, paired_compared, summary
 
 
 def learned(run: Run) -> bool | None:
@@ -30,7 +36,7 @@ def generalization_table(configs: list[Configuration]) -> str:
     """Per task and configuration: how many seeds learned the task (validation exact match
     at the early-stopping threshold), test exact match in each bucket (the first holds the
     training lengths), the mean ± the half-width of its 95% t interval over the seeds; then
-    each configuration's mean reciprocal rank over the tasks and seeds."""
+    each configuration's mean reciprocal rank over the tasks."""
     grouped = by_task(configs)
     parts = []
     for task, found in grouped.items():
@@ -46,34 +52,80 @@ def generalization_table(configs: list[Configuration]) -> str:
             cells["past training"] = summary(longer_accuracies(config))
             rows.append(cells)
         parts.append(f"**{task}**: test exact match by bucket of lengths\n\n{markdown_table(rows)}")
-    return "\n\n".join([*parts, ranks_table(reciprocal_ranks(grouped))])
+    return "\n\n".join([*parts, ranks_table(grouped)])
 
 
-def ranks_table(ranks: dict[str, list[float]]) -> str:
+def unlearned(grouped: dict[str, dict[str, Configuration]]) -> list[str]:
+    """The tasks that no run of any configuration learned (each run has a threshold and
+    never reached it)."""
+    left = []
+    for task, found in grouped.items():
+        reached = [learned(run) for config in found.values() for run in config.runs]
+        if reached and all(done is False for done in reached):
+            left.append(task)
+    return left
+
+
+def task_ranks(grouped: dict[str, dict[str, Configuration]]) -> dict[str, dict[str, float]]:
+    """label -> task -> its reciprocal rank in the task, the mean over the task's seeds;
+    the tasks that some run learned."""
+    left = unlearned(grouped)
+    ranked = reciprocal_ranks({task: found for task, found in grouped.items() if task not in left})
+    return {
+        label: {task: sum(seeds) / len(seeds) for task, seeds in tasks.items()}
+        for label, tasks in ranked.items()
+    }
+
+
+def ranks_table(grouped: dict[str, dict[str, Configuration]]) -> str:
+    left = unlearned(grouped)
+    note = (
+        f" Left out: {', '.join(left)}, which no run of any configuration learned (its ranks "
+        "would order failures)."
+        if left
+        else ""
+    )
+    if len(grouped) - len(left) < 2:
+        return f"**Mean reciprocal rank**: not given, with fewer than two tasks to rank.{note}"
+    ranks = task_ranks(grouped)
+    by_mean = sorted(ranks.items(), key=lambda item: -sum(item[1].values()) / len(item[1]))
     rows = [
-        {"configuration": label, "ranked": len(found), "mean reciprocal rank": summary(found)}
-        for label, found in sorted(ranks.items(), key=lambda item: -sum(item[1]) / len(item[1]))
+        {
+            "configuration": c,
+            "tasks": len(found),
+            "mean reciprocal rank": summary([*found.values()], unit="task"),
+        }
+        for c, found in by_mean
     ]
     legend = (
-        "**Mean reciprocal rank** over every task and seed: configurations ranked by exact "
-        "match in the buckets past the training lengths (their mean), ties sharing a rank"
+        "**Mean reciprocal rank**, the task as its unit: in each task and seed, configurations "
+        "ranked by exact match in the buckets past the training lengths (their mean), ties "
+        "sharing a rank; a task's reciprocal rank is the mean over its seeds, the interval is "
+        f"over tasks.{note}"
     )
     return f"{legend}\n\n{markdown_table(rows)}"
 
 
+def paired_by_task(first: dict[str, float], second: dict[str, float]) -> str:
+    """`first` against `second` on their reciprocal ranks in the tasks both have, paired by
+    task (`paired_compared`)."""
+    return paired_compared([first[task] - second[task] for task in first if task in second])
+
+
 def generalization_contrasts(configs: list[Configuration]) -> str:
     """The configurations' mean reciprocal ranks among themselves; then each pair, the first
-    listed against the second, by the verdict rule: on the mean reciprocal rank (its values
-    one per task and seed) and, per task, on exact match past the training lengths (its
-    values one per seed)."""
+    listed against the second: on the mean reciprocal rank paired by task and, per task, on
+    exact match past the training lengths by the verdict rule (its values one per seed)."""
     grouped = by_task(configs)
-    ranks = reciprocal_ranks(grouped)
+    ranks = task_ranks(grouped)
     labels = list(dict.fromkeys(label for found in grouped.values() for label in found))
     rows = []
     for index, first in enumerate(labels):
         for second in labels[index + 1 :]:
             cells: Row = {"first": first, "second": second}
-            cells["mean reciprocal rank"] = compared(ranks.get(first, []), ranks.get(second, []))
+            cells["mean reciprocal rank"] = paired_by_task(
+                ranks.get(first, {}), ranks.get(second, {})
+            )
             for task, found in grouped.items():
                 if first in found and second in found:
                     cells[task] = compared(
@@ -81,7 +133,8 @@ def generalization_contrasts(configs: list[Configuration]) -> str:
                     )
             rows.append(cells)
     legend = (
-        "**Pairs**, by the verdict rule: the first against the second (ahead, behind or tie) "
-        "on the mean reciprocal rank and, per task, on exact match past the training lengths"
+        "**Pairs**: the first against the second (ahead, behind or tie) on the mean "
+        "reciprocal rank, paired by task (the 95% t interval of the per-task differences), "
+        "and, per task, on exact match past the training lengths by the verdict rule"
     )
-    return f"{ranks_table(ranks)}\n\n{legend}\n\n{markdown_table(rows)}"
+    return f"{ranks_table(grouped)}\n\n{legend}\n\n{markdown_table(rows)}"

@@ -319,12 +319,14 @@ def longer_accuracies(config: Configuration) -> list[float]:
     return [found for run in config.runs if (found := longer_accuracy(run)) is not None]
 
 
-def reciprocal_ranks(grouped: dict[str, dict[str, Configuration]]) -> dict[str, list[float]]:
-    """label -> 1/rank of its configuration in each (task, seed) both ran, ranked by
-    `longer_accuracy`, best first, tied values sharing their mean rank (Kazemnejad et al.
-    2023, Fig. 1, rank exact match per task and seed and average 1/rank)."""
-    ranks: dict[str, list[float]] = {}
-    for found in grouped.values():
+def reciprocal_ranks(
+    grouped: dict[str, dict[str, Configuration]],
+) -> dict[str, dict[str, list[float]]]:
+    """label -> task -> 1/rank of its configuration in each seed of the task that both ran,
+    ranked by `longer_accuracy`, best first, tied values sharing their mean rank (Kazemnejad
+    et al. 2023, Fig. 1, rank exact match per task and seed and average 1/rank)."""
+    ranks: dict[str, dict[str, list[float]]] = {}
+    for task, found in grouped.items():
         by_seed: dict[str, dict[str, float]] = {}
         for label, config in found.items():
             for run in config.runs:
@@ -335,5 +337,7 @@ def reciprocal_ranks(grouped: dict[str, dict[str, Configuration]]) -> dict[str, 
             for label, score in scores.items():
                 better = sum(other > score for other in scores.values())
                 tied = sum(other == score for other in scores.values())
-                ranks.setdefault(label, []).append(1 / (better + (tied + 1) / 2))
+                ranks.setdefault(label, {}).setdefault(task, []).append(
+                    1 / (better + (tied + 1) / 2)
+                )
     return ranks

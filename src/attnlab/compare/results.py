@@ -40,7 +40,7 @@ records give, or a figure's stamp from their digest. The kinds of table, and the
                     the seeds, under uniform attention's; a panel per layer (`compare.sinks`)
     generalization  the synthetic tasks: test exact match in each bucket of lengths per task,
                     the mean and its 95% t interval over the seeds, and each configuration's
-                    mean reciprocal rank across tasks and seeds; exact match by length
+                    mean reciprocal rank across tasks (the task its unit); exact match by length
 """
 
 from __future__ import annotations

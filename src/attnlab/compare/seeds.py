@@ -18,7 +18,6 @@ from attnlab.compare.runs import Run
 
 SEED = "seed"
 MIN_SEEDS = 3  # seeds each configuration needs before a comparison draws a conclusion
-NO_INTERVAL = "1 seed: no interval"
 
 
 @dataclass
@@ -99,13 +98,13 @@ def interval(values: list[float], confidence: float = 0.95) -> float | None:
     return quantile * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def summary(values: list[float], digits: int = 3) -> str:
-    """The mean and the half-width of its 95% t interval over seeds: "5.210 ± 0.130"; with
-    one seed "5.210 (1 seed: no interval)"."""
+def summary(values: list[float], digits: int = 3, unit: str = "seed") -> str:
+    """The mean and the half-width of its 95% t interval over seeds (or other `unit`s):
+    "5.210 ± 0.130"; with one value "5.210 (1 seed: no interval)"."""
     if not values:
         return ""
     mean, half = number(sum(values) / len(values), digits), interval(values)
-    return f"{mean} ({NO_INTERVAL})" if half is None else f"{mean} ± {number(half, digits)}"
+    return f"{mean} (1 {unit}: no interval)" if half is None else f"{mean} ± {number(half, digits)}"
 
 
 def bounds(values: list[float]) -> tuple[float, float]:
@@ -133,6 +132,16 @@ def compared(first: list[float], second: list[float]) -> str:
         return f"fewer than {MIN_SEEDS} seeds"
     (low, high), (other_low, other_high) = bounds(first), bounds(second)
     return "ahead" if low > other_high else "behind" if high < other_low else "tie"
+
+
+def paired_compared(differences: list[float], unit: str = "tasks") -> str:
+    """Paired differences (first − second, one per task) by their mean's 95% t interval:
+    "ahead" when it lies above 0, "behind" when below, "tie" when it holds 0; "fewer than
+    MIN_SEEDS tasks" for fewer differences."""
+    if len(differences) < MIN_SEEDS:
+        return f"fewer than {MIN_SEEDS} {unit}"
+    low, high = bounds(differences)
+    return "ahead" if low > 0 else "behind" if high < 0 else "tie"
 
 
 def standing(configs: list[Configuration], metric: str, mode: str) -> dict[str, str]:

@@ -14,6 +14,7 @@ import yaml
 from test_compare import fake_run
 from test_compare_lm import is_png_image
 
+from attnlab.compare.blocks import block_options
 from attnlab.compare.generalization import generalization_table
 from attnlab.compare.lengths import (
     by_task,
@@ -22,7 +23,7 @@ from attnlab.compare.lengths import (
     reciprocal_ranks,
 )
 from attnlab.compare.report import compare
-from attnlab.compare.results import block_options, regenerate
+from attnlab.compare.results import regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, paired_compared
 from attnlab.settings import ConfigError

@@ -12,7 +12,7 @@ from test_compare import fake_run
 
 from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
-from attnlab.compare.seeds import configurations
+from attnlab.compare.seeds import configurations, equivalence
 from attnlab.compare.significance import bootstrap_table, located, paired, references, verdict
 from attnlab.settings import ConfigError
 
@@ -114,3 +114,37 @@ def test_a_results_block_with_a_baseline_archives_hypotheses_and_adds_the_bootst
     text = regenerate(results_md, draw=False)
     assert "Paired bootstrap resampling of test BLEU against synthesizer=dot" in text
     assert "| synthesizer=dense |" in text and text.count("| behind |") == 1
+
+
+def test_equivalence_is_two_one_sided_tests_on_the_paired_differences():
+    assert equivalence([0.10, -0.05, 0.02], 0.4).startswith("equivalent (90% interval")
+    # study 5b's Random against dot product, seed-paired: mean −0.95, 90% interval −1.86..−0.04
+    assert equivalence([-1.21, -0.33, -1.31], 0.4) == "inconclusive (90% interval -1.86 to -0.04)"
+    assert equivalence([-2.0, -2.1, -1.9], 0.4).startswith("not equivalent")
+    assert equivalence([0.1, 0.1], 0.4) == "fewer than 3 seeds"
+
+
+def test_a_margin_adds_the_equivalence_test_to_the_bootstrap_table(tmp_path):
+    configs, _ = study(tmp_path)
+    table = bootstrap_table(configs, "synthesizer=dot", tmp_path, margin=5.0)
+    assert "| verdict | within ±5 BLEU (two one-sided tests) |" in table
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in table.splitlines()}
+    assert "| tie | equivalent (90% interval" in rows["synthesizer=random"]  # one sentence
+    assert "| behind | not equivalent (90% interval" in rows["synthesizer=dense"]
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ("margin=0.4", "has margin=0.4 but no baseline: the equivalence test compares"),
+        ("baseline=synthesizer=dot margin=abc", "has margin=abc: write a positive number"),
+    ],
+)
+def test_a_margin_without_a_baseline_or_a_number_is_one_sentence(tmp_path, options, message):
+    study(tmp_path)
+    (tmp_path / "docs" / "results" / "runs").mkdir(parents=True)
+    (tmp_path / "runs").rename(tmp_path / "docs" / "results" / "runs" / "mt")
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text(f"<!-- results:mt configurations {options} -->\n<!-- /results:mt -->\n")
+    with pytest.raises(ConfigError, match=message):
+        regenerate(results_md, draw=False)

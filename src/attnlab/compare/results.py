@@ -10,12 +10,14 @@ RESULTS.md marks where a study's table goes:
     ... generated: the table and a link to its heat map ...
     <!-- /results:<study> -->
 
-Options come in any order. `among=<label>;<label>;...` (labels without the task) keeps
+Options come in any order (`compare/blocks.py` reads them). `among=<label>;<label>;...` (labels without the task) keeps
 only those configurations, in that order, and draws no plot: a claim about some of a study's
 configurations is judged among them alone (Kazemnejad et al. rank five encodings, not
 twelve). A generalization block then
 gives, instead of the tables by length that the study's full block holds, their mean
 reciprocal ranks among themselves and the verdict rule's answer for each pair of them.
+`margin=<BLEU>`, with a baseline, adds two one-sided tests of equivalence within ±margin to
+the paired bootstrap (for a claim of closeness: "competitive", "within 0.2 BLEU").
 
 Each block opens with the study's budget read from the runs' configs and statuses (steps,
 learning rate, warm-up, schedule, checkpoint selection, early stopping), so that the text
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnlab.compare.blocks import bleu_margin, block_options, named
 from attnlab.compare.generalization import generalization_contrasts, generalization_table
 from attnlab.compare.lengths import (
     STAGE,
@@ -92,7 +95,6 @@ BLOCK = re.compile(
     r"(?P<body>.*?)(?P<close><!-- /results:(?P=study) -->)",
     re.DOTALL,
 )
-OPTIONS = ("baseline", "among")  # a block's key=value options, in any order
 SOLVED = 0.99  # token accuracy of every seed at or above this: the probe is solved
 BUDGET = {  # what a block's budget line names, and the config key each run holds it at
     "lr": "task.optim.lr",
@@ -304,30 +306,6 @@ def early_stopping(runs: list[Run], monitor: str) -> str:
     return rule + f" (after {spread(made)} validation{'s' if max(made) > 1 else ''})"
 
 
-def block_options(study: str, text: str) -> dict[str, str]:
-    """A block's options ("baseline=pe=none among=a;b") by name."""
-    pairs = [option.partition("=") for option in text.split()]
-    if bad := [key + equals + value for key, equals, value in pairs
-               if key not in OPTIONS or not value]:  # fmt: skip
-        raise ConfigError(
-            f"RESULTS.md block {study} has option {', '.join(bad)}: write each option as "
-            f"{' or '.join(f'{name}=<value>' for name in OPTIONS)}"
-        )
-    return {key: value for key, _, value in pairs}
-
-
-def named(configs: list[Configuration], labels: list[str], study: str) -> list[Configuration]:
-    """The configurations labelled `labels` (without the task), in that order."""
-    found = {config.label_without("task") for config in configs}
-    if missing := [label for label in labels if label not in found]:
-        raise ConfigError(
-            f"RESULTS.md block {study} names {', '.join(missing)} among its configurations, "
-            f"which its records do not hold: use labels of {'; '.join(sorted(found))}"
-        )
-    kept = [config for config in configs if config.label_without("task") in labels]
-    return sorted(kept, key=lambda config: labels.index(config.label_without("task")))
-
-
 def block(
     study: str,
     kind: str,
@@ -335,6 +313,7 @@ def block(
     draw: bool,
     baseline: str | None = None,
     among: str | None = None,
+    margin: str | None = None,
 ) -> str:
     """The generated text of one study's block, from root/docs/results/runs/<study>; with a
     baseline (a configuration's label), the paired bootstrap of test BLEU against it; with
@@ -364,7 +343,12 @@ def block(
     table = contrasts if among is not None and contrasts else KINDS[kind].table
     text = budget(runs) + "\n\n" + table(configs) + "\n"
     if baseline is not None:
-        text += "\n" + bootstrap_table(configs, baseline, root) + "\n"
+        text += "\n" + bootstrap_table(configs, baseline, root, bleu_margin(study, margin)) + "\n"
+    elif margin is not None:
+        raise ConfigError(
+            f"RESULTS.md block {study} has margin={margin} but no baseline: the equivalence "
+            "test compares with a baseline, so add baseline=<a configuration's label>"
+        )
     if among is not None:
         return text
     image, source = root / "docs" / "results" / f"{study}.png", records_digest(runs)

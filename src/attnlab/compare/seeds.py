@@ -144,6 +144,26 @@ def paired_compared(differences: list[float], unit: str = "tasks") -> str:
     return "ahead" if low > 0 else "behind" if high < 0 else "tie"
 
 
+def equivalence(differences: list[float], margin: float, unit: str = "seeds") -> str:
+    """Two one-sided tests (Schuirmann 1987), each at 5%, on paired differences: "equivalent"
+    when the 90% t interval of their mean lies inside ±margin, "not equivalent" when it lies
+    wholly outside, "inconclusive" when it crosses a bound; with the interval. "fewer than
+    MIN_SEEDS seeds" for fewer differences."""
+    if len(differences) < MIN_SEEDS:
+        return f"fewer than {MIN_SEEDS} {unit}"
+    mean, half = statistics.mean(differences), interval(differences, 0.90)
+    assert half is not None
+    low, high = mean - half, mean + half
+    found = (
+        "equivalent"
+        if -margin < low and high < margin
+        else "not equivalent"
+        if low >= margin or high <= -margin
+        else "inconclusive"
+    )
+    return f"{found} (90% interval {low:+.2f} to {high:+.2f})"
+
+
 def standing(configs: list[Configuration], metric: str, mode: str) -> dict[str, str]:
     """Per configuration label, by the verdict rule (the module docstring): "best", "tie"
     (its 95% interval overlaps the best's) or "below"; nothing where some configuration has

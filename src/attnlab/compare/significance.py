@@ -13,7 +13,10 @@ number, is left out of the test, and the table says so.
 
 The verdict rule's paired part (RESULTS.md): a configuration is ahead of (behind) the
 baseline when at least MIN_SEEDS seeds were paired and in every pair its BLEU is higher
-(lower) with p < ALPHA; otherwise it ties.
+(lower) with p < ALPHA; otherwise it ties. A tie is not equivalence: with a `margin` (BLEU,
+stated before looking), the seed-paired BLEU differences also go through two one-sided
+tests (`seeds.equivalence`), which say whether the configuration is within ±margin of the
+baseline.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 from pathlib import Path
 
 from attnlab.compare.runs import Run
-from attnlab.compare.seeds import MIN_SEEDS, Configuration
+from attnlab.compare.seeds import MIN_SEEDS, Configuration, equivalence
 from attnlab.data.text import read_lines
 from attnlab.settings import ConfigError
 
@@ -103,9 +106,11 @@ def verdict(pairs: list[tuple[float, float]]) -> str:
     return "tie"
 
 
-def bootstrap_table(configs: list[Configuration], baseline: str, root: Path) -> str:
+def bootstrap_table(
+    configs: list[Configuration], baseline: str, root: Path, margin: float | None = None
+) -> str:
     """Per configuration: each paired seed's BLEU gain over `baseline` (a configuration's
-    label) and its p-value, and the verdict."""
+    label) and its p-value, and the verdict; with `margin`, the equivalence test's answer."""
     found = {config.label: config for config in configs}
     if len(found) == 1:
         return f"Paired bootstrap: one configuration only, so nothing to compare with {baseline}."
@@ -120,8 +125,8 @@ def bootstrap_table(configs: list[Configuration], baseline: str, root: Path) -> 
         f"resamples), seed by seed: BLEU difference and p-value; ahead or behind only where "
         f"every pair of at least {MIN_SEEDS} seeds differs with p < {ALPHA} the same way.",
         "",
-        "| configuration | seed: Δ BLEU (p) | verdict |",
-        "|---|---|---|",
+        "| configuration | seed: Δ BLEU (p) | verdict |" + equivalent_header(margin),
+        "|---|---|---|" + ("---|" if margin is not None else ""),
     ]
     for label, config in found.items():
         if label == baseline:
@@ -137,5 +142,10 @@ def bootstrap_table(configs: list[Configuration], baseline: str, root: Path) -> 
                 continue
             pairs.append(result)
             cells.append(f"{seed}: {result[0]:+.2f} (p = {result[1]:.3f})")
-        lines.append(f"| {label} | {'; '.join(cells)} | {verdict(pairs)} |")
+        within = "" if margin is None else f" {equivalence([g for g, _ in pairs], margin)} |"
+        lines.append(f"| {label} | {'; '.join(cells)} | {verdict(pairs)} |{within}")
     return "\n".join(lines)
+
+
+def equivalent_header(margin: float | None) -> str:
+    return "" if margin is None else f" within ±{margin:g} BLEU (two one-sided tests) |"

@@ -21,8 +21,9 @@ from test_compare import fake_run
 
 from attnlab import status
 from attnlab.compare import results
+from attnlab.compare.budget import budget, stopped_by
 from attnlab.compare.report import compare
-from attnlab.compare.results import archive, budget, regenerate
+from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import best_first, compared, configurations, standing, summary
 from attnlab.settings import ConfigError
@@ -269,13 +270,15 @@ def test_a_blocks_budget_line_is_read_from_the_runs_configs_and_statuses(tmp_pat
         config["trainer"] = {"max_steps": max_steps, "max_epochs": -1}
         config["task"]["optim"] = {"lr": 0.001, "warmup_steps": 100, "schedule": schedule}
         config["task"]["system"] = {"val_generate": 100}
-        config["callbacks"] = {"early_stopping": {"monitor": "val/acc", "stopping_threshold": 0.99}}
+        config["callbacks"] = {
+            "early_stopping": {"monitor": "val/acc", "mode": "max", "stopping_threshold": 0.99}
+        }
         (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     assert budget(find_runs(tmp_path)) == (
         "Budget, from the runs' records: at most 500 / 1000 steps; ran 500–740 steps; lr 0.001; "
         "warm-up steps 100; schedule cosine / inverse_sqrt; validation generates for the first "
         "100 examples only; checkpoint tested: best val/acc (max) on validation; stopped early "
-        "on val/acc at 0.99 (after 1 validation)."
+        "on val/acc at 0.99 (after 1 validation); runs stopped: 1 at the step cap, 1 otherwise."
     )
 
 
@@ -305,8 +308,35 @@ def test_a_budget_line_gives_the_stopping_rule_and_the_validations_each_run_made
     assert line.startswith("Budget, from the runs' records: at most 40 epochs; ")
     assert line.endswith(
         "stopped early on val/loss once it had not improved by 0.02 for 2 validations "
-        "(after 19–24 validations)."
+        "(after 19–24 validations); runs stopped: 2 by patience."
     )
+
+
+def stopping_run(directory: Path, series: list[float], trainer: dict, stop: dict) -> Path:
+    rows = [{"step": 100 * (n + 1), "val/acc": value} for n, value in enumerate(series)]
+    run = fake_run(directory, [f"seed={directory.name}"], rows)
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    config["trainer"] = trainer
+    config["callbacks"] = {"early_stopping": {"monitor": "val/acc", "mode": "max", **stop}}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    return run
+
+
+@pytest.mark.parametrize(
+    "series,trainer,stop,ended",
+    [
+        ([0.5, 0.995], {"max_steps": 1000}, {"stopping_threshold": 0.99}, "at the threshold"),
+        ([0.5, 0.6], {"max_steps": 200}, {"stopping_threshold": 0.99}, "at the step cap"),
+        ([0.5, 0.7, 0.69, 0.71], {"max_steps": -1}, {"patience": 2, "min_delta": 0.02}, "by patience"),
+        ([0.5, 0.7, 0.69, 0.73], {"max_steps": -1}, {"patience": 2, "min_delta": 0.02}, "at the epoch cap"),
+        ([0.5, 0.6], {"max_steps": 1000}, {"stopping_threshold": 0.99}, "otherwise"),
+    ],
+)  # fmt: skip
+def test_each_run_is_said_to_stop_by_the_rule_its_records_show(
+    tmp_path, series, trainer, stop, ended
+):
+    (run,) = find_runs(stopping_run(tmp_path / "0", series, trainer, stop).parent)
+    assert stopped_by(run, "val/acc") == ended
 
 
 def test_with_seeds_swept_the_curves_are_configurations_with_their_range(tmp_path, monkeypatch):

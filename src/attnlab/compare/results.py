@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.compare.blocks import bleu_margin, block_options, named
+from attnlab.compare.budget import budget
 from attnlab.compare.generalization import generalization_contrasts, generalization_table
 from attnlab.compare.lengths import (
     STAGE,
@@ -96,12 +97,6 @@ BLOCK = re.compile(
     re.DOTALL,
 )
 SOLVED = 0.99  # token accuracy of every seed at or above this: the probe is solved
-BUDGET = {  # what a block's budget line names, and the config key each run holds it at
-    "lr": "task.optim.lr",
-    "warm-up steps": "task.optim.warmup_steps",
-    "schedule": "task.optim.schedule",
-    "precision": "trainer.precision",
-}
 
 
 def archive(sweep: Path, destination: Path) -> int:
@@ -246,64 +241,6 @@ KINDS = {
         contrasts=generalization_contrasts,
     ),
 }
-
-
-def values(runs: list[Run], key: str) -> str:
-    """The runs' values of a config key, each once, in order ("inverse_sqrt"; "500 / 1000")."""
-    found = {value for run in runs if (value := run.setting(key)) is not None}
-    return " / ".join(sorted(found, key=lambda value: (not is_number(value), value.zfill(20))))
-
-
-def is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def budget(runs: list[Run]) -> str:
-    """One line: what the runs' records say they were given and did."""
-    limit = values(runs, "trainer.max_steps")
-    parts = [f"at most {limit} steps" if limit != "-1" else
-             f"at most {values(runs, 'trainer.max_epochs')} epochs"]  # fmt: skip
-    steps = sorted(step for run in runs if (step := run.steps()) is not None)
-    if steps:
-        parts.append(f"ran {spread(steps)} steps")
-    parts += [f"{label} {found}" for label, key in BUDGET.items() if (found := values(runs, key))]
-    if devices := sorted({run.status.device for run in runs if run.status and run.status.device}):
-        unrecorded = sum(1 for run in runs if not (run.status and run.status.device))
-        parts.append(f"on {' / '.join(devices)}" + (
-            f" ({unrecorded} of {len(runs)} runs did not record theirs)" if unrecorded else ""))  # fmt: skip
-    generated = values(runs, "task.system.val_generate")
-    if generated:
-        parts.append(f"validation generates for the first {generated} examples only")
-    metric, mode = values(runs, "optimized_metric"), values(runs, "task.metric_mode")
-    parts.append(f"checkpoint tested: best {metric} ({mode}) on validation")
-    stop = values(runs, "callbacks.early_stopping.monitor")
-    if stop:
-        parts.append(early_stopping(runs, stop))
-    return "Budget, from the runs' records: " + "; ".join(parts) + "."
-
-
-def spread(counts: list[int]) -> str:
-    """The smallest and largest of `counts` ("4,655" or "4,655–5,880")."""
-    low, high = min(counts), max(counts)
-    return f"{low:,}" + (f"–{high:,}" if high != low else "")
-
-
-def early_stopping(runs: list[Run], monitor: str) -> str:
-    """The stopping rule the runs' records hold, and how many validations each run made."""
-    threshold = values(runs, "callbacks.early_stopping.stopping_threshold")
-    delta = values(runs, "callbacks.early_stopping.min_delta")
-    patience = values(runs, "callbacks.early_stopping.patience")
-    rule = f"stopped early on {monitor}" + (f" at {threshold}" if threshold else "")
-    if patience:
-        rule += f" once it had not improved by {delta or 0} for {patience} validations"
-    made = [len(series) for run in runs if (series := run.metrics.get(monitor))]
-    if not made:
-        return rule
-    return rule + f" (after {spread(made)} validation{'s' if max(made) > 1 else ''})"
 
 
 def block(

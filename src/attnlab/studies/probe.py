@@ -94,8 +94,8 @@ def predict(
     fixed = stochastic or fixed_row_sums(normalizer)
     if encoding.embeds:
         return Prediction(True, "absolute PE: each position gets its own input vector")
-    if normalizer.reads_order:
-        return Prediction(True, "the normalizer's weights depend on the keys' order")
+    if normalizer.reads_order and not stochastic:  # rows summing to 1 average equal values
+        return Prediction(True, "the normalizer's weights and their sums depend on the keys' order")
     if encoding.post_normalization:
         return Prediction(True, "a term after the normalizer depends on the offsets j − i")
     if causal and markers:

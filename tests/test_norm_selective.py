@@ -66,6 +66,8 @@ def test_the_head_option_chooses_the_selecting_head_and_names_a_head_that_exists
     assert (selective("head=1")(scores, causal(), 0)[0, :, 5, 1] < 1 / 6).all()
     with pytest.raises(ConfigError, match=r"norm.head=2 names no head of 2: set it between"):
         selective("head=2")
+    with pytest.raises(ConfigError, match=r"'selective' option head=0.5 must be an integer"):
+        selective("head=0.5")
 
 
 def selective_layer(compute: Compute | None = None) -> tuple[Attention, AttentionParts]:

@@ -52,7 +52,8 @@ def generalization_table(configs: list[Configuration]) -> str:
             cells["past training"] = summary(longer_accuracies(config))
             rows.append(cells)
         parts.append(f"**{task}**: test exact match by bucket of lengths\n\n{markdown_table(rows)}")
-    return "\n\n".join([*parts, ranks_table(grouped)])
+    left = unlearned(grouped)
+    return "\n\n".join([*parts, ranks_table(grouped, left, task_ranks(grouped, left))])
 
 
 def unlearned(grouped: dict[str, dict[str, Configuration]]) -> list[str]:
@@ -66,10 +67,11 @@ def unlearned(grouped: dict[str, dict[str, Configuration]]) -> list[str]:
     return left
 
 
-def task_ranks(grouped: dict[str, dict[str, Configuration]]) -> dict[str, dict[str, float]]:
+def task_ranks(
+    grouped: dict[str, dict[str, Configuration]], left: list[str]
+) -> dict[str, dict[str, float]]:
     """label -> task -> its reciprocal rank in the task, the mean over the task's seeds;
-    the tasks that some run learned."""
-    left = unlearned(grouped)
+    the tasks but those `left` out (`unlearned`)."""
     ranked = reciprocal_ranks({task: found for task, found in grouped.items() if task not in left})
     return {
         label: {task: sum(seeds) / len(seeds) for task, seeds in tasks.items()}
@@ -77,8 +79,12 @@ def task_ranks(grouped: dict[str, dict[str, Configuration]]) -> dict[str, dict[s
     }
 
 
-def ranks_table(grouped: dict[str, dict[str, Configuration]]) -> str:
-    left = unlearned(grouped)
+def ranks_table(
+    grouped: dict[str, dict[str, Configuration]],
+    left: list[str],
+    ranks: dict[str, dict[str, float]],
+) -> str:
+    """The mean reciprocal ranks `ranks` (`task_ranks` of `grouped` without `left`)."""
     note = (
         f" Left out: {', '.join(left)}, which no run of any configuration learned (its ranks "
         "would order failures)."
@@ -87,7 +93,6 @@ def ranks_table(grouped: dict[str, dict[str, Configuration]]) -> str:
     )
     if len(grouped) - len(left) < 2:
         return f"**Mean reciprocal rank**: not given, with fewer than two tasks to rank.{note}"
-    ranks = task_ranks(grouped)
     by_mean = sorted(ranks.items(), key=lambda item: -sum(item[1].values()) / len(item[1]))
     rows = [
         {
@@ -117,7 +122,8 @@ def generalization_contrasts(configs: list[Configuration]) -> str:
     listed against the second: on the mean reciprocal rank paired by task and, per task, on
     exact match past the training lengths by the verdict rule (its values one per seed)."""
     grouped = by_task(configs)
-    ranks = task_ranks(grouped)
+    left = unlearned(grouped)
+    ranks = task_ranks(grouped, left)
     labels = list(dict.fromkeys(label for found in grouped.values() for label in found))
     rows = []
     for index, first in enumerate(labels):
@@ -137,4 +143,4 @@ def generalization_contrasts(configs: list[Configuration]) -> str:
         "reciprocal rank, paired by task (the 95% t interval of the per-task differences), "
         "and, per task, on exact match past the training lengths by the verdict rule"
     )
-    return f"{ranks_table(grouped)}\n\n{legend}\n\n{markdown_table(rows)}"
+    return f"{ranks_table(grouped, left, ranks)}\n\n{legend}\n\n{markdown_table(rows)}"

@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import NOT_WRITING, documented, machine, report
 
 import attnlab.attention.core as core
+from attnlab.config.options import causal_only, options, shrink, variant
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import Tagger
-from attnlab.options import causal_only, options, shrink, variant
 from attnlab.tensors import flush_denormals
 
 BASELINE = {"pe": "none", "norm": "softmax", "synthesizer": "dot"}

@@ -48,10 +48,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import documented, machine, report
 
+from attnlab.config.options import variant
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import DecoderLM
-from attnlab.options import variant
 
 VOCAB = 65  # Tiny Shakespeare's characters
 

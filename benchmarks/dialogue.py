@@ -30,9 +30,9 @@ from hydra.core.global_hydra import GlobalHydra
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import ROOT, documented, machine, report
 
-from attnlab.options import CONF_DIR
+from attnlab.config.options import CONF_DIR
+from attnlab.config.resolvers import register_resolvers
 from attnlab.runner import run
-from attnlab.settings import register_resolvers
 
 SETTINGS = [
     "task=chitchat", "model=tiny", "~logger", "extras.print_config=false",

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import ROOT, documented, machine, report
 
-from attnlab.options import options
+from attnlab.config.options import options
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 EXPERIMENT = "experiment=lm_shakespeare_char"

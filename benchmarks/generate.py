@@ -7,7 +7,7 @@ dropout; its 69-symbol character vocabulary) with pe=sinusoidal instead of its l
 positions: an absolute encoding added to the embeddings as well, so each step costs the
 same, but without the 64 positions that would end the text at 64 tokens. Random weights,
 float32, eval mode. It continues a one-token prompt by `--tokens` greedy tokens, batch 1
-(attnlab.generation.continue_text, as `attnlab generate` does), once feeding only the newest
+(attnlab.decoding.decoder_only.continue_text, as `attnlab generate` does), once feeding only the newest
 token over the cache and once recomputing the whole prefix at each step (`cache=false`);
 the two alternate in one process, `--repeats` rounds after a warm-up, at each of `--threads`
 torch threads. Reported: the median time of each, and the median of the rounds' ratios.
@@ -32,11 +32,12 @@ from hydra.core.global_hydra import GlobalHydra
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import documented, report
 
-from attnlab.generation import continue_text
+from attnlab.config.build import to_dict
+from attnlab.config.groups import ARCHITECTURE
+from attnlab.config.options import CONF_DIR
+from attnlab.decoding.decoder_only import continue_text
 from attnlab.model.architecture import Architecture, ModelConfig
 from attnlab.model.transformer import DecoderLM
-from attnlab.options import CONF_DIR
-from attnlab.settings import ARCHITECTURE, to_dict
 
 # the experiment's pe.max_len belongs to pe=learned; sinusoidal positions have no bound
 EXPERIMENT = ["experiment=lm_shakespeare_char", "pe=sinusoidal", "~pe.max_len"]

@@ -49,11 +49,11 @@ from translation import BASELINE, TorchTransformer
 
 from attnlab import flops
 from attnlab.attention.core import AttentionParts, Compute, attend, flex_path
-from attnlab.decoding import beam_search, greedy
+from attnlab.config.options import variant
+from attnlab.decoding.encoder_decoder import beam_search, greedy
 from attnlab.model.architecture import ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger, attention_mask
-from attnlab.options import variant
 from attnlab.shape import StackShape
 
 

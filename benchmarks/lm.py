@@ -18,7 +18,7 @@ builds it), trained on the same pre-drawn training batches two ways, alternating
 process: (a) a lightning.Trainer (conf/trainer/default.yaml's settings with max_steps,
 gradient clipping 1.0 and fp32; no validation, checkpointing, logger, progress bar or model
 summary) fitting the LMSystem; (b) a plain PyTorch loop over the same LMSystem code, its
-param groups and LambdaLR schedule from attnlab.optim.configure_adamw, clip_grad_norm_(1.0).
+param groups and LambdaLR schedule from attnlab.systems.optim.configure_adamw, clip_grad_norm_(1.0).
 Both start each repeat from the same initial weights. Timed: (a) from the start of its first
 training batch to on_train_end (Trainer construction and setup excluded), (b) its steps.
 Reported: training tokens/s of each, the ratio Lightning/plain (target ≥ 0.95), and the
@@ -56,11 +56,11 @@ from benchmarks_common import ROOT, documented, machine, report
 
 from attnlab.compare.runs import read_logged
 from attnlab.compare.seeds import interval
-from attnlab.optim import configure_adamw
-from attnlab.options import CONF_DIR
+from attnlab.config.options import CONF_DIR
+from attnlab.config.resolvers import register_resolvers
 from attnlab.runner import run
-from attnlab.settings import register_resolvers
 from attnlab.systems.lm import LMSystem
+from attnlab.systems.optim import configure_adamw
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 EXPERIMENT = "experiment=lm_shakespeare_char"

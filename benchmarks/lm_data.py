@@ -42,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import ROOT, documented, machine, report
 
-from attnlab.tokenizer import cut
+from attnlab.data.tokenizer import cut
 
 FILE_MB = 64
 MB = 1 << 20

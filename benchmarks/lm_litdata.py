@@ -39,7 +39,7 @@ from benchmarks_common import documented, machine, report
 from lm_data import MB, cores, corpus_settings, generate_corpus, measured
 
 from attnlab.data.documents import corpus_files, read_documents
-from attnlab.tokenizer import EOS_ID
+from attnlab.data.tokenizer import EOS_ID
 
 BLOCK, BATCH = 256, 16
 

@@ -39,14 +39,14 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import ROOT, benchmarks_file, documented, machine, report
 
+from attnlab.config.build import build
+from attnlab.config.options import variant
 from attnlab.data.batching import collate
-from attnlab.decoding import greedy
+from attnlab.decoding.encoder_decoder import greedy
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, TokenEmbedding
-from attnlab.options import variant
 from attnlab.pe.sinusoidal import sinusoids
-from attnlab.settings import build
 
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 # model=small's dimensions; attention dropout as nn.Transformer, which drops attention weights

@@ -11,7 +11,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hypothesis import settings
 from omegaconf import DictConfig
 
-from attnlab.settings import register_resolvers
+from attnlab.config.resolvers import register_resolvers
 
 register_resolvers()  # what train.py and eval.py do before Hydra composes
 # no per-example time limit: a loaded machine made correct examples fail (speed is measured

@@ -19,8 +19,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from attnlab.attention.core import AttentionParts
-from attnlab.options import CONF_DIR, causal_only, options, shrink, variant
-from attnlab.settings import ConfigError, build, own_class
+from attnlab.config.build import build, own_class
+from attnlab.config.options import CONF_DIR, causal_only, options, shrink, variant
+from attnlab.errors import ConfigError
 from attnlab.shape import StackShape
 
 ROOT = Path(__file__).resolve().parents[1]

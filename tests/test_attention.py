@@ -9,8 +9,8 @@ import torch
 from helpers import SHAPE, dot_replaced_in_a_mixture, every_combination, make_parts, small_variant
 
 from attnlab.attention.core import Compute, attend, flex_path
+from attnlab.config.options import causal_only, options, variant
 from attnlab.model.transformer import attention_mask, exactly_causal
-from attnlab.options import causal_only, options, variant
 
 
 def inputs(shape=SHAPE, batch=3, length=7, seed=0):

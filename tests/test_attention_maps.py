@@ -9,12 +9,12 @@ import torch
 from helpers import SHAPE, every_combination, make_parts, refused_unless, small_variant
 
 from attnlab.attention.core import Compute, attend, attention_weights
+from attnlab.config.build import build
+from attnlab.config.options import options, variant
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.maps import attention_maps
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder, Tagger
-from attnlab.options import options, variant
-from attnlab.settings import build
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from helpers import SHAPE, every_combination, make_parts, small_variant
 import attnlab.attention.core as core
 import attnlab.attention.term as term
 from attnlab.attention.core import Compute, attend
+from attnlab.config.options import shrink, variant
 from attnlab.model.transformer import attention_mask, exactly_causal
-from attnlab.options import shrink, variant
 
 PES = {
     "shaw": small_variant("pe", "shaw"),

@@ -16,7 +16,7 @@ from attnlab.data.batching import (
     token_batches,
 )
 from attnlab.data.cache import Example
-from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 def random_lengths(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ from helpers import ROOT, SHARED_DATA
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from benchmarks_common import NOT_WRITING, documented, report
 
-from attnlab.options import causal_only, options
+from attnlab.config.options import causal_only, options
 
 TRACKED = ROOT / "BENCHMARKS.md"
 

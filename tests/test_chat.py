@@ -11,8 +11,8 @@ from helpers import compose_config, evaluated
 from test_dialogue import conversation, dialogue_line, write_dialogues
 
 from attnlab.commands.chat import chat
+from attnlab.errors import ConfigError
 from attnlab.runner.train import train
-from attnlab.settings import ConfigError
 from attnlab.tasks.dialogue import END_OF_TURN
 
 TEST_TALKS = [conversation(100 + n, 3) for n in range(3)]

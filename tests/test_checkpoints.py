@@ -17,6 +17,8 @@ import torch
 from helpers import ROOT, train_py
 from hydra.errors import ConfigCompositionException
 
+from attnlab.config.build import to_dict
+from attnlab.errors import ConfigError
 from attnlab.runner.checkpoints import AtomicCheckpointIO, LatestCheckpoint
 from attnlab.runner.resume import (
     RECORD_KEY,
@@ -26,7 +28,6 @@ from attnlab.runner.resume import (
     read_checkpoint,
     stored_overrides,
 )
-from attnlab.settings import ConfigError, to_dict
 
 SHM = Path("/dev/shm")
 

@@ -24,11 +24,12 @@ from helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab.config.build import build
+from attnlab.config.options import causal_only, options, variant
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import DecoderLM, EncoderDecoder, Tagger
-from attnlab.options import causal_only, options, variant
-from attnlab.settings import ConfigError, build
 
 COMBINATIONS = every_combination(options("pe"), options("norm"), options("synthesizer"))
 # decoding twice (with and without the cache) costs more: `make test` meets every value once

@@ -18,8 +18,8 @@ from wandb_records import read_offline_run
 
 from attnlab.compare.report import compare
 from attnlab.compare.runs import read_run
-from attnlab.settings import ConfigError
-from attnlab.status import RunStatus
+from attnlab.errors import ConfigError
+from attnlab.runner.status import RunStatus
 
 TINY = ["model=tiny", "task.data.train_size=128", "task.data.max_len=8", "trainer.max_epochs=2"]
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
@@ -167,7 +167,7 @@ def test_runs_that_never_trained_are_named_under_the_table_not_compared(tmp_path
     note = comparison.table().split("\n\n")[-1].splitlines()
     assert note == [
         "Never trained, so not in the table: 2 runs",
-        "- bad: failed before its first step: attnlab.settings.ConfigError: 'rope' has no option "
+        "- bad: failed before its first step: attnlab.errors.ConfigError: 'rope' has no option "
         f"max_len; its options are: {', '.join(rope_options())}",
         "- fast: a fast_dev_run (debug=fast), a check that the configuration runs",
     ]
@@ -176,7 +176,7 @@ def test_runs_that_never_trained_are_named_under_the_table_not_compared(tmp_path
 
 def rope_options() -> list[str]:
     """pe=rope's settings, as its YAML lists them (less name and metadata)."""
-    from attnlab.options import CONF_DIR
+    from attnlab.config.options import CONF_DIR
 
     node = yaml.safe_load((CONF_DIR / "pe" / "rope.yaml").read_text())
     return sorted(set(node) - {"_target_", "name", "description", "paper"})
@@ -262,9 +262,9 @@ def test_a_sweep_with_a_failing_job_compares_every_job_and_exits_non_zero(tmp_pa
     (sweep,) = (tmp_path / "probe" / "multiruns").iterdir()
     rows = {row["task.optim.lr"]: row for row in read_csv(sweep / "comparison.csv")}
     assert rows["0.001"]["state"] == "completed"
-    assert rows["1e+38"]["error"].startswith("attnlab.settings.Diverged: train/loss is nan")
+    assert rows["1e+38"]["error"].startswith("attnlab.errors.Diverged: train/loss is nan")
     assert "| run | task.optim.lr | state |" in result.stdout, "the sweep prints the table"
-    never_trained = "failed before its first step: attnlab.settings.ConfigError: 'rope' has no"
+    never_trained = "failed before its first step: attnlab.errors.ConfigError: 'rope' has no"
     assert f"- 2: {never_trained}" in result.stdout and f"- 3: {never_trained}" in result.stdout
     recorded = json.loads((sweep / "1" / "status.json").read_text())
     assert recorded["state"] == "failed" and "Diverged" in recorded["traceback"]

@@ -25,7 +25,7 @@ from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, interval, summary
 from attnlab.compare.sinks import sink_band, sinks_table
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 LENGTHS = (32, 64, 128)
 NAN = math.nan

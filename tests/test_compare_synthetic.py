@@ -26,7 +26,7 @@ from attnlab.compare.report import compare
 from attnlab.compare.results import regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, paired_compared
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 # task -> its bucket ends; pe -> exact match in each bucket, before the seed's shift
 BUCKETS = {"copy": (20, 40, 60, 80), "mqar": (64, 128), "sort": (20, 40), "reverse": (20, 40)}

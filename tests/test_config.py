@@ -9,8 +9,9 @@ import pytest
 from helpers import ROOT, compose_config, task_data
 from hydra.core.hydra_config import HydraConfig
 
-from attnlab.options import COMPOSED_ALONE, options, variant
-from attnlab.settings import ConfigError, build, to_dict
+from attnlab.config.build import build, to_dict
+from attnlab.config.options import COMPOSED_ALONE, options, variant
+from attnlab.errors import ConfigError
 
 GROUPS = [
     "task", "pe", "norm", "synthesizer", "block", "model", "trainer", "logger", "callbacks",
@@ -85,7 +86,7 @@ def test_a_variant_option_of_the_wrong_type_is_one_sentence(option, value, messa
 
 
 def test_an_integer_is_a_number_for_an_option_that_takes_one():
-    from attnlab.settings import fits
+    from attnlab.config.values import fits
 
     assert fits(["float"], 10000) and fits(["float", "None"], None)
     assert not fits(["int"], True) and not fits(["float"], False) and not fits(["int"], 2.0)
@@ -112,9 +113,23 @@ def test_the_probe_table_sweeps_existing_options(tmp_path):
 @pytest.mark.slow
 def test_importing_the_package_registers_no_resolver():
     program = (
-        "import attnlab.settings, attnlab.options, attnlab.runner.run; from omegaconf import OmegaConf; "
+        "import attnlab.config.options, attnlab.runner.run; from omegaconf import OmegaConf; "
+        "from attnlab.config.resolvers import register_resolvers; "
         "assert not OmegaConf.has_resolver('unique'), 'registered on import'; "
-        "attnlab.settings.register_resolvers(); assert OmegaConf.has_resolver('unique')"
+        "register_resolvers(); assert OmegaConf.has_resolver('unique')"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-1000:]
+
+
+def test_importing_the_error_type_has_no_side_effect():
+    program = (
+        "import atexit, sys; before = set(sys.modules); calls = atexit._ncallbacks(); "
+        "from attnlab.errors import ConfigError; "
+        "assert atexit._ncallbacks() == calls, 'an exit hook registered on import'; "
+        "loaded = set(sys.modules) - before; "
+        "assert {m for m in loaded if m.startswith('attnlab')} == {'attnlab', 'attnlab.errors'}; "
+        "assert not {m.split('.')[0] for m in loaded} & {'torch', 'omegaconf', 'hydra'}, loaded"
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-1000:]
@@ -128,8 +143,8 @@ def test_the_block_is_a_group_and_model_gau_a_preset_of_it(make_config, preset, 
 
 
 def test_scoring_more_probe_positions_than_the_model_predicts_is_one_sentence():
-    from attnlab.options import variant
-    from attnlab.settings import ARCHITECTURE
+    from attnlab.config.groups import ARCHITECTURE
+    from attnlab.config.options import variant
     from attnlab.systems.tagger import TaggerSystem
     from attnlab.tasks.probe import ProbeDataModule
 
@@ -163,8 +178,8 @@ def test_the_model_settings_python_falls_back_on_are_the_yamls():
     conf/model/small.yaml, cross-attention's parts included: no second set of defaults."""
     from dataclasses import MISSING, fields
 
+    from attnlab.config.options import variant
     from attnlab.model.architecture import ModelConfig
-    from attnlab.options import variant
 
     yaml = variant("model", "small")
     defaults = {
@@ -189,7 +204,7 @@ def yaml_nodes() -> list[tuple[str, dict]]:
     """The attnlab nodes of every YAML under conf/, as written (interpolations unresolved)."""
     from omegaconf import OmegaConf
 
-    from attnlab.options import CONF_DIR
+    from attnlab.config.options import CONF_DIR
 
     found = []
     for path in sorted(CONF_DIR.rglob("*.yaml")):
@@ -203,7 +218,7 @@ def test_defaults_live_in_the_yaml_alone():
     would drift. (A class that keeps a library's constructor keeps the library's defaults.)"""
     import inspect
 
-    from attnlab.settings import own_class
+    from attnlab.config.build import own_class
 
     nodes = [(where, node, own_class(node["_target_"])) for where, node in yaml_nodes()]
     assert len(nodes) > 60, "the walk finds the variants, tasks, systems and callbacks"

@@ -12,7 +12,7 @@ import wandb_workspaces.reports.v2 as wr
 from wandb_workspaces import expr
 
 from attnlab.compare.dashboard import build_report, swept_keys
-from attnlab.settings import flatten
+from attnlab.config.build import flatten
 
 
 def report() -> wr.Report:

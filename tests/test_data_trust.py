@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from test_translation_data import local, sentence_pairs, write_split
 
-from attnlab import tokenizer as tokenizer_module
+from attnlab.data import tokenizer as tokenizer_module
 from attnlab.data.cache import SplitData
 from attnlab.data.text import read_lines
-from attnlab.scores import translation_scores
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
+from attnlab.metrics import translation_scores
 
 
 @pytest.fixture

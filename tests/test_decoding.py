@@ -9,7 +9,7 @@ import torch
 from helpers import decode_node, small_variant
 from torch.overrides import TorchFunctionMode
 
-from attnlab.decoding import (
+from attnlab.decoding.encoder_decoder import (
     CHECK_EVERY,
     DecodeConfig,
     Sampler,
@@ -21,10 +21,10 @@ from attnlab.decoding import (
     max_target_lengths,
     sampling_filter,
 )
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder
-from attnlab.settings import ConfigError
 
 VOCAB, BOS, EOS = 23, 2, 3
 

@@ -11,9 +11,9 @@ import datasets
 import pytest
 from helpers import SHARED_DATA, task_data
 
+from attnlab.errors import ConfigError
+from attnlab.metrics import dialogue_scores, distinct, signatures
 from attnlab.runner.train import train
-from attnlab.scores import dialogue_scores, distinct, signatures
-from attnlab.settings import ConfigError
 from attnlab.tasks import dialogue
 from attnlab.tasks.dialogue import (
     DialogueDataModule,

@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers import ROOT, SHARED_DATA
 
-from attnlab.options import options
+from attnlab.config.options import options
 from attnlab.runner.train import train
 
 MULTI30K = SHARED_DATA / "multi30k"

@@ -12,7 +12,7 @@ import torch
 from test_lm_generation import generated, save_lm_checkpoint
 
 from attnlab.commands.cli import main
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 from attnlab.stored import CONFIG, WEIGHTS, export, read_checkpoint
 
 

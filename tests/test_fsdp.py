@@ -10,11 +10,11 @@ import torch
 from helpers import compose_config
 from test_machine_refusals import one_sentence, train_py
 
+from attnlab.config.options import causal_only, options
 from attnlab.model.architecture import Architecture
 from attnlab.model.gau import GAUBlock
 from attnlab.model.standard import TransformerBlock
 from attnlab.model.transformer import DecoderLM, EncoderDecoder, Stack
-from attnlab.options import causal_only, options
 from attnlab.runner.fsdp import layer_classes
 from attnlab.runner.run import architecture_nodes
 

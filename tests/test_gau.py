@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.config.options import variant
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.gau import GAU
 from attnlab.model.transformer import Stack
-from attnlab.options import variant
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -18,6 +18,8 @@ import pytest
 import torch
 from helpers import CAUSAL_PES, REPEATABLE, ROOT, SHARED_DATA, TEXT, task_data
 
+from attnlab.config.build import build
+from attnlab.config.groups import ARCHITECTURE
 from attnlab.data.stream import (
     EOS_ID,
     UNK_ID,
@@ -27,11 +29,11 @@ from attnlab.data.stream import (
     restore_tokenizer,
     windows,
 )
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.runner.run import build_system
 from attnlab.runner.train import train
-from attnlab.settings import ARCHITECTURE, ConfigError, build
 
 
 def write_splits(directory, train=TEXT, valid=TEXT, test=TEXT):
@@ -342,8 +344,8 @@ def test_validation_samples_need_a_prompt(make_config, tmp_path):
 
 
 def test_a_text_shorter_than_one_training_window_says_what_it_needs(make_config, tmp_path):
+    from attnlab.errors import ConfigError
     from attnlab.runner.train import train
-    from attnlab.settings import ConfigError
 
     text = tmp_path / "short.txt"
     text.write_text("short text\n")

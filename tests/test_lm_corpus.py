@@ -32,9 +32,9 @@ from attnlab.data.encoding import (
     text_units,
 )
 from attnlab.data.stream import CharTokenizer, restore_tokenizer
+from attnlab.data.tokenizer import EOS_ID
+from attnlab.errors import ConfigError
 from attnlab.runner.run import build_datamodule
-from attnlab.settings import ConfigError
-from attnlab.tokenizer import EOS_ID
 
 DOCUMENTS = ["first document\nwith two lines", "second", "third one", "fourth and last"]
 

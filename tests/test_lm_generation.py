@@ -16,13 +16,14 @@ from helpers import CAUSAL_PES, ROOT, SHARED_DATA, TEXT, decode_node, first_then
 
 from attnlab.commands.cli import main
 from attnlab.commands.generate import SAMPLE_RULE, load_language_model, parse_request
+from attnlab.config.build import to_dict
+from attnlab.config.groups import ARCHITECTURE
+from attnlab.config.options import variant
 from attnlab.data.stream import SPECIALS, CharTokenizer
-from attnlab.decoding import DecodeConfig
-from attnlab.generation import Pick, continue_text, picker
+from attnlab.decoding.decoder_only import Pick, continue_text, picker
+from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
-from attnlab.options import variant
-from attnlab.settings import ARCHITECTURE, to_dict
 from attnlab.stored import RECORD_KEY
 from attnlab.systems.lm import LMSystem
 
@@ -337,7 +338,7 @@ def test_a_continuation_whose_cache_cannot_fit_is_one_sentence_before_decoding(
 
 def test_a_refused_request_prints_no_text_before_its_sentence(checkpoint):
     from attnlab.commands.generate import print_generated
-    from attnlab.settings import ConfigError
+    from attnlab.errors import ConfigError
 
     out = Writes()
     settings = [f"ckpt_path={checkpoint}", "prompt=First", "max_new_tokens=100000"]

@@ -15,8 +15,8 @@ import pytest
 from helpers import compose_config
 from test_lm_corpus import corpus_settings, many_documents
 
+from attnlab.errors import ConfigError
 from attnlab.runner.run import build_datamodule
-from attnlab.settings import ConfigError
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 LATER = "fedcba9876543210fedcba9876543210fedcba98"

@@ -17,9 +17,10 @@ from test_lm import lm_overrides, write_splits
 from test_lm_generation import save_lm_checkpoint
 
 from attnlab.commands.generate import load_language_model
+from attnlab.config.build import build
+from attnlab.errors import ConfigError
 from attnlab.runner.run import build_system
 from attnlab.runner.train import train
-from attnlab.settings import ConfigError, build
 
 
 def uniform_share(length: int) -> float:

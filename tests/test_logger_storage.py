@@ -7,11 +7,11 @@ import sqlite3
 
 import pytest
 
+from attnlab.errors import ConfigError
 from attnlab.logger.csv import CSVLogger
 from attnlab.logger.mlflow import MLflowLogger
 from attnlab.logger.storage import writable_database, writable_directory
 from attnlab.logger.tensorboard import TensorBoardLogger
-from attnlab.settings import ConfigError
 
 
 @pytest.fixture

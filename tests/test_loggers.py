@@ -76,8 +76,8 @@ def test_many_writes_csv_wandb_and_tensorboard_for_every_job(tmp_path):
 
 @pytest.mark.parametrize("logger", ["tensorboard", "mlflow"])
 def test_a_name_given_on_the_command_line_is_the_runs_name(logger, tmp_path):
-    from attnlab.options import variant
-    from attnlab.settings import build
+    from attnlab.config.build import build
+    from attnlab.config.options import variant
 
     where = {"tensorboard": f"save_dir={tmp_path}", "mlflow": f"database={tmp_path / 'ml.db'}"}
     node = variant("logger", logger, "csv.save_dir=x", f"{logger}.{where[logger]}",

@@ -24,8 +24,8 @@ from helpers import (
 )
 
 from attnlab.attention.layer import Attention
+from attnlab.config.options import causal_only, options
 from attnlab.model.transformer import attention_mask
-from attnlab.options import causal_only, options
 from attnlab.shape import StackShape
 
 SHAPE = StackShape(d_model=32, n_heads=2, head_dim=16, value_dim=16, n_layers=2, causal=False)

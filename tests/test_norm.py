@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import Compute, attend
-from attnlab.options import causal_only, options, variant
-from attnlab.settings import ConfigError, build
+from attnlab.config.build import build
+from attnlab.config.options import causal_only, options, variant
+from attnlab.errors import ConfigError
 
 NORMS = options("norm")
 

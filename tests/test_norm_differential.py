@@ -15,10 +15,11 @@ from helpers import SHAPE, make_parts
 from test_combinations import BLOCKS, VOCAB, attention, check_decoder_lm_cache, tiny
 
 from attnlab.attention.layer import Attention
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import DecoderLM, Tagger, attention_mask
 from attnlab.norm.differential import lambda_init
-from attnlab.options import variant
-from attnlab.settings import ConfigError, build
 
 SHAPE4 = replace(SHAPE, n_heads=4, head_dim=4, value_dim=4, n_layers=3, causal=True)
 

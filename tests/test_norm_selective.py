@@ -17,9 +17,10 @@ from test_pe_fox import BLOCKS, COMPUTES, check_decoding, check_every_path
 
 from attnlab.attention.core import AttentionParts, Compute
 from attnlab.attention.layer import Attention
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import DecoderLM, StackCache
-from attnlab.options import variant
-from attnlab.settings import ConfigError, build
 
 CAUSAL = replace(SHAPE, causal=True)
 LENGTH = 6

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from helpers import SHAPE
 
-from attnlab.options import variant
-from attnlab.settings import build
+from attnlab.config.build import build
+from attnlab.config.options import variant
 
 SHAPE3 = replace(SHAPE, n_heads=3, n_layers=2)
 

@@ -12,9 +12,10 @@ import torch
 from helpers import SHAPE
 from test_combinations import attention, check_decoder_lm_cache, tiny
 
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import DecoderLM
-from attnlab.options import variant
-from attnlab.settings import ConfigError, build
 
 CAUSAL = replace(SHAPE, causal=True)
 

@@ -1,4 +1,4 @@
-"""The learning-rate schedules and weight-decay groups of attnlab.optim."""
+"""The learning-rate schedules and weight-decay groups of attnlab.systems.optim."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from attnlab.optim import configure_adamw, lr_factor
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
+from attnlab.systems.optim import configure_adamw, lr_factor
 
 
 def test_warmup_rises_linearly_to_the_peak():

@@ -12,10 +12,10 @@ import torch
 from helpers import SHAPE, compose_config, make_parts
 
 from attnlab.attention.layer import Attention, KVCache
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM, attention_mask
 from attnlab.runner.run import architecture_nodes
-from attnlab.settings import ConfigError
 from attnlab.tensors import split_heads
 
 CAUSAL = replace(SHAPE, causal=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnlab.config.options import causal_only, options, variant
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.transformer import EncoderDecoder, Tagger
-from attnlab.options import causal_only, options, variant
 from attnlab.systems.base import parameter_counts
 from attnlab.systems.tagger import TaggerSystem
 

@@ -13,10 +13,11 @@ from helpers import SHAPE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.transformer import Stack, Tagger
-from attnlab.options import variant
-from attnlab.settings import ConfigError, build
 
 D = SHAPE.d_model
 

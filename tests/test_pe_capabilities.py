@@ -12,9 +12,9 @@ import pytest
 import torch
 from helpers import SHAPE, small_variant
 
-from attnlab.options import options, variant
+from attnlab.config.build import build, own_class
+from attnlab.config.options import options, variant
 from attnlab.pe.base import PositionalEncoding
-from attnlab.settings import build, own_class
 
 LENGTH = 6
 BASES = {

@@ -14,12 +14,13 @@ from helpers import SHAPE, make_parts, small_variant
 
 from attnlab.attention.core import AttentionParts, Compute, attend
 from attnlab.attention.layer import Attention
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import DecoderLM, attention_mask
-from attnlab.options import variant
 from attnlab.pe.cope import interpolate
-from attnlab.settings import ConfigError, build
 
 CAUSAL = replace(SHAPE, causal=True)
 LENGTH = 7

@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import Compute, attend
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import attention_mask
-from attnlab.options import variant
 from attnlab.pe.deberta import log_bucket
-from attnlab.settings import ConfigError, build
 
 LOG_BUCKETS = {  # design notes §7, position_buckets 256, max_relative_positions 512
     **{r: r for r in (0, 1, 64, 127, 128, -1, -128)},

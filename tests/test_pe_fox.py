@@ -17,10 +17,11 @@ from test_combinations import attention, tiny, tokens
 
 from attnlab.attention.core import AttentionParts, Compute
 from attnlab.attention.layer import Attention
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.gau import GAU
 from attnlab.model.transformer import DecoderLM
-from attnlab.options import variant
-from attnlab.settings import ConfigError, build
 
 CAUSAL = replace(SHAPE, causal=True)
 LENGTH = 7

@@ -12,10 +12,11 @@ import torch
 from helpers import SHAPE
 from test_pe_rope import rope, vectors
 
-from attnlab.options import variant
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.pe.p_rope import PRoPE
 from attnlab.runner.resume import evaluation_options
-from attnlab.settings import ConfigError, build
 
 D = SHAPE.head_dim  # 8: four pairs
 

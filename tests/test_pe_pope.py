@@ -19,12 +19,13 @@ from test_pe_xpos import scores  # q̃ k̃ᵀ from rotate and rotate_key
 
 from attnlab.attention.core import Compute
 from attnlab.attention.layer import Attention, KVCache
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import DecoderLM, EncoderDecoder, Tagger, attention_mask
-from attnlab.options import variant
 from attnlab.pe.pope import PoPE
-from attnlab.settings import ConfigError, build
 from attnlab.tensors import split_heads
 
 D, H = SHAPE.head_dim, SHAPE.n_heads

@@ -13,15 +13,16 @@ import pytest
 import torch
 from helpers import SHAPE, compose_config
 
-from attnlab.decoding import beam_search, greedy, max_target_lengths
-from attnlab.generation import continue_text
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.decoding.decoder_only import continue_text
+from attnlab.decoding.encoder_decoder import beam_search, greedy, max_target_lengths
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import DecoderLM, EncoderDecoder, Tagger
-from attnlab.options import variant
 from attnlab.pe.alibi import alibi_slopes
 from attnlab.pe.randomized import RandomizedPE, sorted_positions
-from attnlab.settings import ConfigError, build
 
 VOCAB, L = 11, 64
 

@@ -13,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.layer import Attention, KVCache
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import attention_mask
-from attnlab.options import variant
 from attnlab.pe.rope import RoPE
-from attnlab.settings import ConfigError, build
 from attnlab.tensors import float64_home, split_heads
 
 D = SHAPE.head_dim

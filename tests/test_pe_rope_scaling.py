@@ -19,8 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.layer import Attention, KVCache
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import attention_mask
-from attnlab.options import variant
 from attnlab.pe.rope import RoPE, inverse_frequencies, rotate, yarn_temperature
 from attnlab.runner.resume import (
     RECORD_KEY,
@@ -28,7 +30,6 @@ from attnlab.runner.resume import (
     evaluation_options,
 )
 from attnlab.runner.train import train
-from attnlab.settings import ConfigError, build
 
 D = SHAPE.head_dim
 LAYOUTS = ["interleaved", "half"]

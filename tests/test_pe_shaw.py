@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import AttentionParts, Compute, attend
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import attention_mask
-from attnlab.options import variant
-from attnlab.settings import ConfigError
 
 LENGTH = 9
 

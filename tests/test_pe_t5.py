@@ -10,10 +10,10 @@ import torch
 from helpers import SHAPE, make_parts
 
 from attnlab.attention.core import Compute, attend
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import attention_mask
-from attnlab.options import variant
 from attnlab.pe.t5 import relative_position_bucket
-from attnlab.settings import ConfigError
 
 CAUSAL = replace(SHAPE, causal=True)
 

@@ -10,11 +10,12 @@ import torch
 from helpers import SHAPE, compose_config, make_parts
 
 from attnlab.attention.core import Compute, attend
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import Stack, attention_mask
-from attnlab.options import variant
-from attnlab.settings import ConfigError, build
 
 
 @functools.cache

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.core import AttentionParts, Compute, attend
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import attention_mask
-from attnlab.options import variant
 from attnlab.pe.xl import distances, rel_shift_bidirectional, rel_shift_causal
-from attnlab.settings import ConfigError
 
 # (queries, keys before them, keys after them): a full sequence, a block after a memory, one
 # decoding step, and a block of queries in the middle (chunked bidirectional attention)

@@ -16,6 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.attention.layer import Attention, KVCache
+from attnlab.config.build import build
+from attnlab.config.options import options, variant
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import (
@@ -25,9 +28,7 @@ from attnlab.model.transformer import (
     attention_mask,
     check_length,
 )
-from attnlab.options import options, variant
 from attnlab.pe.xpos import XPos, decay, zeta
-from attnlab.settings import ConfigError, build
 from attnlab.tensors import split_heads
 
 CAUSAL = replace(SHAPE, causal=True)

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 from helpers import SHAPE
 
-from attnlab.options import causal_only, options, variant
-from attnlab.settings import build
+from attnlab.config.build import build
+from attnlab.config.options import causal_only, options, variant
 from attnlab.studies.permutation import EXACT, PROPERTIES, configurations, measure, predict
 
 CONFIGURATIONS = {label: (choice, causal) for label, choice, causal in configurations()}

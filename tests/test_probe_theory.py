@@ -16,9 +16,10 @@ import torch
 from helpers import SHAPE, every_combination, refused_unless
 from omegaconf import DictConfig
 
-from attnlab.options import causal_only, options, variant
+from attnlab.config.build import build
+from attnlab.config.options import causal_only, options, variant
+from attnlab.errors import ConfigError
 from attnlab.runner.run import build_datamodule, build_system
-from attnlab.settings import ConfigError, build
 from attnlab.studies.probe import chance_bound, predict
 from attnlab.tasks.probe import ZERO, probe_example
 

@@ -11,12 +11,12 @@ import torch
 from conftest import QUIET
 from helpers import compose_config
 
-from attnlab import status
 from attnlab.commands.cli import main as attnlab
 from attnlab.commands.prune import TRAINING_STATE, prune
+from attnlab.errors import ConfigError
+from attnlab.runner import status
 from attnlab.runner.resume import training_arguments
 from attnlab.runner.train import train
-from attnlab.settings import ConfigError
 from attnlab.stored import RECORD_KEY
 
 TINY = ["model=tiny", "task.data.train_size=256", "task.data.max_len=8", "trainer.max_epochs=2"]

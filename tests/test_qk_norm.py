@@ -13,10 +13,10 @@ from helpers import SHAPE, compose_config, decoded_one_at_a_time, make_parts
 from test_combinations import attention, tiny, tokens
 
 from attnlab.attention.layer import Attention
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM, EncoderDecoder
 from attnlab.runner.run import architecture_nodes
-from attnlab.settings import ConfigError
 from attnlab.tensors import split_heads
 
 CAUSAL = replace(SHAPE, causal=True)

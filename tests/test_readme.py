@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from helpers import ROOT
 
-from attnlab.options import options_table
+from attnlab.config.options import options_table
 
 
 def section(text: str, start: str, end: str) -> str:
@@ -20,7 +20,7 @@ def test_the_readme_opens_with_the_install_train_and_test_commands():
 def test_the_options_table_lists_every_option_as_the_yaml_files_describe_it():
     readme = (ROOT / "README.md").read_text()
     table = section(readme, "<!-- options:start -->", "<!-- options:end -->")
-    assert table == options_table(), "regenerate it with: python -m attnlab.options"
+    assert table == options_table(), "regenerate it with: python -m attnlab.config.options"
 
 
 def test_ci_runs_the_readme_test_command():

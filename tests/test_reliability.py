@@ -17,8 +17,8 @@ from helpers import ROOT, first_then_slow, train_py
 from test_decoding import model as decoding_model
 from test_translation_data import local, sentence_pairs, write_split
 
-from attnlab.decoding import max_target_lengths
-from attnlab.settings import ConfigError
+from attnlab.decoding.encoder_decoder import max_target_lengths
+from attnlab.errors import ConfigError
 
 CASES = [
     (["model.dmodel=64"], "attnlab: model.dmodel is not a setting (did you mean model.d_model?): model has"),

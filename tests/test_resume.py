@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import ROOT, TEXT
 
-from attnlab import status
+from attnlab.runner import status
 
 STEPS_PER_EPOCH = 64
 CHECKPOINTED = [  # deterministic, quiet, last.ckpt every 10 steps
@@ -287,7 +287,7 @@ def test_resuming_a_directory_without_a_checkpoint_is_one_sentence(tmp_path):
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
-    from attnlab.settings import unique_directory
+    from attnlab.config.resolvers import unique_directory
 
     base = str(tmp_path / "runs" / "2026-01-01_00-00-00")
     made = [unique_directory(base) for _ in range(3)]

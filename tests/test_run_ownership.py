@@ -18,7 +18,7 @@ import pytest
 import torch
 from helpers import ROOT
 
-from attnlab import lock, status
+from attnlab.runner import lock, status
 
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
 TRAINING = [

@@ -10,11 +10,12 @@ import torch
 from helpers import compose_config, decoded_one_at_a_time
 from test_combinations import attention, tiny, tokens
 
+from attnlab.config.build import to_dict
+from attnlab.config.options import options, variant
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.schedule import LayerPlan
 from attnlab.model.transformer import DecoderLM
-from attnlab.options import options, variant
-from attnlab.settings import ConfigError, to_dict
 
 VOCAB = 11
 

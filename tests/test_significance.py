@@ -14,7 +14,7 @@ from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, equivalence
 from attnlab.compare.significance import bootstrap_table, located, paired, references, verdict
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 REFERENCES = [f"ein kleiner hund nummer {n} läuft über die grüne wiese" for n in range(60)]
 WORSE = [f"ein hund {n}" for n in range(60)]

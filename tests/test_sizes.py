@@ -11,10 +11,10 @@ import pytest
 from test_export import exported  # noqa: F401  (a fixture)
 
 from attnlab.commands.cli import main
+from attnlab.errors import ConfigError
 from attnlab.memory import estimated_parameters
 from attnlab.model.architecture import Architecture
 from attnlab.runner import run
-from attnlab.settings import ConfigError
 from attnlab.stored import CONFIG
 from attnlab.systems.tagger import TaggerSystem
 

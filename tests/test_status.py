@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from attnlab import lock, status
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
+from attnlab.runner import lock, status
 
 
 def test_a_run_is_running_then_completed_with_its_progress(tmp_path):

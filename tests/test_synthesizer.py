@@ -11,11 +11,12 @@ import torch
 from helpers import SHAPE, make_parts
 
 from attnlab.attention.core import Compute, attend
+from attnlab.config.build import build
+from attnlab.config.options import options, variant
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import Stack, StackCache, attention_mask
-from attnlab.options import options, variant
-from attnlab.settings import ConfigError, build
 from attnlab.synthesizer.base import Synthesis, Synthesizer
 from attnlab.synthesizer.dot import Dot
 

@@ -11,12 +11,13 @@ import pytest
 import torch
 from helpers import evaluated, task_data
 
+from attnlab.config.groups import ARCHITECTURE
+from attnlab.config.options import variant
 from attnlab.data.task import IGNORE
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
-from attnlab.options import variant
 from attnlab.runner import run
 from attnlab.runner.train import train
-from attnlab.settings import ARCHITECTURE, ConfigError
 from attnlab.systems.synthetic import (
     SyntheticSystem,
     answer_scores,

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.options import variant
-from attnlab.settings import ConfigError, own_class
+from attnlab.config.build import own_class
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 from attnlab.tasks.addition import PLUS, Addition
 from attnlab.tasks.copy import Copy
 from attnlab.tasks.mqar import FILLER as MQAR_FILLER

@@ -9,16 +9,16 @@ import pytest
 import torch
 from helpers import decode_node
 
+from attnlab.config.options import variant
 from attnlab.data.batching import collate
 from attnlab.data.cache import Example
-from attnlab.options import variant
+from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from attnlab.runner import callbacks
 from attnlab.runner.callbacks import TokenThroughput
 from attnlab.systems.seq2seq import Seq2SeqSystem
 from attnlab.systems.tagger import TaggerSystem
 from attnlab.tasks.probe import ProbeDataModule, probe_example
 from attnlab.tasks.probe import collate as probe_collate
-from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 ARCHITECTURE = {
     "model": variant("model", "tiny"),

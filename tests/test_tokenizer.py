@@ -8,8 +8,7 @@ import threading
 import pytest
 from helpers import SHARED_DATA
 
-from attnlab.settings import ConfigError
-from attnlab.tokenizer import (
+from attnlab.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -19,6 +18,7 @@ from attnlab.tokenizer import (
     from_serialized,
     load_or_train,
 )
+from attnlab.errors import ConfigError
 
 TEXT = [
     "A man in an orange hat starring at something.",

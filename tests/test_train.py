@@ -16,12 +16,12 @@ from helpers import ROOT, compose_config, every_combination
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from attnlab import status
-from attnlab.optim import lr_factor
-from attnlab.options import causal_only, options
+from attnlab.config.options import causal_only, options
+from attnlab.errors import Diverged
+from attnlab.runner import status
 from attnlab.runner.run import print_config
 from attnlab.runner.train import train
-from attnlab.settings import Diverged
+from attnlab.systems.optim import lr_factor
 
 TINY = ["model=tiny", "task.data.train_size=256", "task.data.max_len=8"]
 QUIET_OUTPUT = ["callbacks.progress_bar.refresh_rate=0", "extras.print_config=false"]
@@ -132,7 +132,7 @@ def test_a_diverging_run_stops_with_one_sentence_and_records_it(make_config, tmp
     ):
         train(make_config([*TINY, "trainer.max_epochs=1", "task.optim.lr=1e38"]))
     recorded = status.read(tmp_path)
-    assert recorded.state == "failed" and recorded.error.startswith("attnlab.settings.Diverged")
+    assert recorded.state == "failed" and recorded.error.startswith("attnlab.errors.Diverged")
 
 
 def with_loggers(overrides: list[str], tmp_path: Path) -> DictConfig:
@@ -270,7 +270,7 @@ def test_training_metrics_are_averaged_over_ranks_and_the_others_kept():
 def test_a_bad_variant_setting_stops_the_run_before_any_data_is_read(
     overrides, sentence, make_config, tmp_path
 ):
-    from attnlab.settings import ConfigError
+    from attnlab.errors import ConfigError
 
     missing = tmp_path / "no-such-data"
     cfg = make_config([*overrides, f"paths.data_dir={missing}", f"task.data.dir={missing}"])
@@ -280,7 +280,7 @@ def test_a_bad_variant_setting_stops_the_run_before_any_data_is_read(
 
 
 def test_a_synthetic_tasks_architecture_is_checked_before_its_data_is_drawn(make_config):
-    from attnlab.settings import ConfigError
+    from attnlab.errors import ConfigError
 
     cfg = make_config(["task=copy", "task.arch=bogus", "task.data.train_size=1000000000"])
     with pytest.raises(ConfigError, match=r"task\.arch='bogus' is not one of"):
@@ -300,7 +300,7 @@ def test_a_synthetic_tasks_architecture_is_checked_before_its_data_is_drawn(make
 def test_a_setting_lightning_or_a_metric_would_refuse_is_one_sentence(
     overrides, sentence, make_config
 ):
-    from attnlab.settings import ConfigError
+    from attnlab.errors import ConfigError
 
     with pytest.raises(ConfigError, match=sentence):
         train(make_config(["model=tiny", "trainer.max_epochs=1", *overrides]))

@@ -12,8 +12,8 @@ from helpers import evaluated
 from test_translation_data import sentence_pairs, write_split
 
 from attnlab.commands.translate import batches, translate
+from attnlab.errors import ConfigError
 from attnlab.runner.train import train
-from attnlab.settings import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +88,9 @@ def test_batches_keep_each_batch_within_its_token_budget():
 
 def test_the_loaded_system_keeps_its_runs_data_settings_read_once(trained):
     from attnlab.commands.translate import evaluation_cut, stored_data
+    from attnlab.data.tokenizer import VOCABULARY_KEY
     from attnlab.stored import load_system
     from attnlab.systems.seq2seq import Seq2SeqSystem
-    from attnlab.tokenizer import VOCABULARY_KEY
 
     best, _, _ = trained
     system = load_system(best, Seq2SeqSystem, (lambda task: True, ""), VOCABULARY_KEY, "test")

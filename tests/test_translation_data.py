@@ -16,16 +16,16 @@ import pytest
 import torch
 from helpers import SHARED_DATA, task_data
 
-from attnlab import tokenizer as tokenizer_module
+from attnlab.config.options import variant
 from attnlab.data import seq2seq
+from attnlab.data import tokenizer as tokenizer_module
+from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder
-from attnlab.options import variant
-from attnlab.settings import ConfigError
 from attnlab.tasks import translation
 from attnlab.tasks.translation import TranslationDataModule
-from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 WORDS = {
     "man": "mann",

@@ -11,7 +11,8 @@ import pytest
 from helpers import task_data
 from test_translation_data import TINY, indices, sentence_pairs
 
-from attnlab.settings import ConfigError, build
+from attnlab.config.build import build
+from attnlab.errors import ConfigError
 from attnlab.tasks import translation
 from attnlab.tasks.translation import TranslationDataModule
 

@@ -13,8 +13,9 @@ import pytest
 from helpers import ROOT, compose_config
 from wandb_records import read_offline_run
 
-from attnlab.options import variant
-from attnlab.settings import ConfigError, build
+from attnlab.config.build import build
+from attnlab.config.options import variant
+from attnlab.errors import ConfigError
 
 TINY = ["model=tiny", "task.data.train_size=128", "task.data.max_len=8", "trainer.max_epochs=1"]
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
@@ -173,8 +174,9 @@ def test_the_group_is_the_experiment_else_the_sweep_directory(tmp_path):
 
 
 def test_a_translation_run_logs_sacrebleus_signatures_with_its_config(tmp_path):
+    from attnlab.config.build import to_dict
+    from attnlab.config.groups import ARCHITECTURE
     from attnlab.runner.run import logged_config
-    from attnlab.settings import ARCHITECTURE, to_dict
     from attnlab.systems.seq2seq import Seq2SeqSystem
 
     cfg = compose_config(["task=multi30k", "model=tiny", "pe=t5"], tmp_path)

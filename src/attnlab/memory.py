@@ -19,8 +19,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
-from attnlab.settings import ConfigError
 
 TRAINING_BYTES = 16  # weights, gradients, AdamW's exp_avg and exp_avg_sq, fp32 each
 EVALUATION_BYTES = 4  # the weights

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from attnlab.config.build import own_class
 from attnlab.data.stream import TOKENIZER_KEY
-from attnlab.settings import ConfigError, own_class
-from attnlab.tokenizer import VOCABULARY_KEY
+from attnlab.data.tokenizer import VOCABULARY_KEY
+from attnlab.errors import ConfigError
 
 RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
 WEIGHTS, CONFIG = "model.safetensors", "config.json"

@@ -58,9 +58,10 @@ from torch.utils.checkpoint import checkpoint
 from attnlab.attention.distance import DistanceScores, distance_attention
 from attnlab.attention.flex import BlockMasks, flex_attend
 from attnlab.attention.term import term_attention
+from attnlab.config.build import build
+from attnlab.errors import ConfigError
 from attnlab.norm.base import Normalizer, RunningState
 from attnlab.pe.base import PositionalEncoding
-from attnlab.settings import ConfigError, build
 from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesizer
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 QUOTING = "quote a value holding commas or special characters, e.g. 'prompt=\"O Romeo, Romeo!\"'"
 

@@ -31,10 +31,10 @@ from attnlab.commands.translate import (
     write_output,
 )
 from attnlab.data.text import read_lines
-from attnlab.settings import ConfigError
+from attnlab.data.tokenizer import VOCABULARY_KEY
+from attnlab.errors import ConfigError
 from attnlab.stored import load_system, nested
 from attnlab.tasks.dialogue import END_OF_TURN, examples, normalize
-from attnlab.tokenizer import VOCABULARY_KEY
 
 DIALOGUE_DATA = "attnlab.tasks.dialogue.DialogueDataModule"
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 
 def settings_command(

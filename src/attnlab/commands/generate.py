@@ -8,7 +8,7 @@ override grammar (quote a value holding characters the grammar reserves:
 interpolation. In the prompt, `\\n` and `\\t` stand for a line break and a tab. Defaults:
 the run's `sample_prompt`, 200 new tokens or as many as a bounded positional encoding leaves
 room for, one sample, the cache on, nucleus sampling with the run's decode settings
-(attnlab.generation continues the text). The
+(attnlab.decoding.decoder_only continues the text). The
 checkpoint is read as tensors and plain data only (attnlab.stored.read_checkpoint); the
 model is rebuilt from its hyperparameters, its weights and its tokenizer.
 """
@@ -21,19 +21,20 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TextIO
 
 from attnlab.commands.arguments import parse_setting
-from attnlab.generation import (
+from attnlab.config.values import is_count
+from attnlab.decoding.decoder_only import (
     check_strategy,
     continuations,
     counted,
     encode_prompt,
     streamed,
 )  # fmt: skip
+from attnlab.errors import ConfigError
 from attnlab.runner.resume import EVALUATION_OPTIONS, evaluation_options, with_settings
-from attnlab.settings import ConfigError, is_count
 from attnlab.stored import load_system, nested
 
 if TYPE_CHECKING:
-    from attnlab.decoding import DecodeConfig
+    from attnlab.decoding.encoder_decoder import DecodeConfig
     from attnlab.systems.lm import LMSystem
 
 SETTINGS = ("ckpt_path", "prompt", "max_new_tokens", "samples", "cache")

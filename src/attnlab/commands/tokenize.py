@@ -10,9 +10,9 @@ from __future__ import annotations
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
+from attnlab.errors import ConfigError
 from attnlab.runner.job import compose_run, job_config
 from attnlab.runner.run import build_datamodule
-from attnlab.settings import ConfigError
 from attnlab.tasks.lm import LMDataModule
 
 

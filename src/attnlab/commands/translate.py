@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attnlab.commands.arguments import parse_setting
+from attnlab.config.values import is_count
 from attnlab.data.text import read_lines, text_line
-from attnlab.decoding import DecodeConfig, generate
-from attnlab.settings import ConfigError, is_count
+from attnlab.data.tokenizer import VOCABULARY_KEY
+from attnlab.decoding.encoder_decoder import DecodeConfig, generate
+from attnlab.errors import ConfigError
 from attnlab.stored import load_system, nested
-from attnlab.tokenizer import VOCABULARY_KEY
 
 if TYPE_CHECKING:
     from attnlab.systems.seq2seq import Seq2SeqSystem

@@ -4,7 +4,7 @@ checked: each bad one is one sentence naming the block."""
 from __future__ import annotations
 
 from attnlab.compare.seeds import Configuration
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 OPTIONS = ("baseline", "among", "margin")  # a block's key=value options, in any order
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from attnlab.config.build import flatten
+from attnlab.errors import ConfigError
 from attnlab.logger.wandb import BY_POSITION, why_offline
-from attnlab.settings import ConfigError, flatten
 
 VARIANT = ("pe.name", "norm.name", "synthesizer.name")
 

@@ -52,8 +52,8 @@ from attnlab.compare.seeds import (
     standing,
     summary,
 )
+from attnlab.errors import ConfigError
 from attnlab.plots import curves_figure, heatmap_figure, save
-from attnlab.settings import ConfigError
 
 Row = dict[str, object]
 THROUGHPUT = "train/tokens_per_s"  # attnlab.runner.callbacks.TokenThroughput

@@ -78,9 +78,11 @@ from attnlab.compare.runs import Run, find_runs
 from attnlab.compare.seeds import Configuration, configurations, summary
 from attnlab.compare.significance import HYPOTHESES, bootstrap_table
 from attnlab.compare.sinks import plot_sinks, sinks_table
-from attnlab.options import options, variant
+from attnlab.config.build import to_dict
+from attnlab.config.groups import VARIANTS
+from attnlab.config.options import options, variant
+from attnlab.errors import ConfigError
 from attnlab.plots import stamp, stamped
-from attnlab.settings import VARIANTS, ConfigError, to_dict
 from attnlab.studies.probe import chance_bound, predict
 
 RECORD = (

@@ -27,7 +27,7 @@ from pathlib import Path
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import MIN_SEEDS, Configuration, equivalence
 from attnlab.data.text import read_lines
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 SAMPLES = 1000
 RESAMPLING_SEED = 12345  # sacreBLEU's default: the same resamples for every pair

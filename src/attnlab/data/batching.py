@@ -20,8 +20,8 @@ from torch.utils.data import Dataset
 from attnlab.data.cache import Example, SplitData
 from attnlab.data.loader import ResumableSampler
 from attnlab.data.task import PairBatch
-from attnlab.settings import ConfigError
-from attnlab.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnlab.errors import ConfigError
 
 
 def length_filter(

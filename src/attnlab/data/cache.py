@@ -4,7 +4,7 @@ A split is stored as flat arrays with offsets (src and tgt ids, the raw target t
 references, each pair's line number) plus meta.json, in a directory keyed by what it was
 built from (`identity`: the corpus content, the sides, the tokenizers). Later runs
 memory-map it and neither read the corpus nor tokenize. Pairs with an empty side are
-dropped, and counted. The directory is built by `attnlab.tokenizer.build_once`, which checks
+dropped, and counted. The directory is built by `attnlab.data.tokenizer.build_once`, which checks
 every file (meta.json included) against the entry's record before each use and rebuilds a
 damaged entry (attnlab.data.record).
 """
@@ -22,7 +22,7 @@ import numpy as np
 
 from attnlab.data.corpus import Corpus
 from attnlab.data.text import chunked
-from attnlab.tokenizer import Tokenizer
+from attnlab.data.tokenizer import Tokenizer
 
 
 class Example(NamedTuple):

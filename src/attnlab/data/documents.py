@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 PARQUET_ROWS = 1024  # rows read at a time

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 from tqdm import tqdm
 
-from attnlab.tokenizer import EOS_ID
+from attnlab.data.tokenizer import EOS_ID
 
 IN_FLIGHT = 2  # units per worker submitted ahead of the one being written
 PROGRESS = "progress.json"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 HUB_TIMEOUT_S = 10.0
 HUB_BATCH = 1_000  # rows read from an Arrow table at a time

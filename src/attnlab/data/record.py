@@ -1,6 +1,6 @@
 """The record of a cache entry: the size and SHA-256 of each of its files, written when the
 entry is built and checked before every use, so that a truncated, overwritten or
-half-copied entry is found (and rebuilt, by attnlab.tokenizer.build_once) instead of read.
+half-copied entry is found (and rebuilt, by attnlab.data.tokenizer.build_once) instead of read.
 
 Checking reads every byte of the entry, streamed (1 MiB at a time; SHA-256 runs at 1 to
 1.4 GB/s on one core of this machine when the pages are cached): about a second for the

@@ -3,13 +3,13 @@ every sequence-to-sequence task (translation, dialogue). A task gives the corpus
 names of its two sides; this module does the rest.
 
 Vocabulary (task.data.tokenizer): one SentencePiece model for both sides (`joint_vocab`) or
-one per side, trained on a fixed sample of `pairs` training pairs and cached (attnlab.tokenizer). Each
+one per side, trained on a fixed sample of `pairs` training pairs and cached (attnlab.data.tokenizer). Each
 split is tokenized once into the token cache (attnlab.data.cache), keyed by the corpus's
 content, the sides and the tokenizers. Caches are built in `prepare_data`; `setup`,
 `model_kwargs()` and `max_seq_len` open them, building whatever is missing or damaged under
 a file lock (so that every DDP rank may ask, and the model may be built before Lightning
 calls `prepare_data`). A whole cache is checked against its record and read without the lock,
-so a read-only shared cache serves (attnlab.tokenizer.build_once).
+so a read-only shared cache serves (attnlab.data.tokenizer.build_once).
 
 Batching (task.data.batching): training pairs longer than `max_len` tokens or with a token-count
 ratio above `max_len_ratio` are dropped (and counted); `train_size` keeps a random sample,
@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader
 
+from attnlab.config.build import settings_node
+from attnlab.config.values import require_counts
 from attnlab.data.batching import (
     PairDataset,
     TokenBatchSampler,
@@ -49,8 +51,7 @@ from attnlab.data.corpus import SPLITS, Corpus
 from attnlab.data.loader import ResumableLoader
 from attnlab.data.task import TaskData
 from attnlab.data.text import available_cores
-from attnlab.settings import ConfigError, require_counts, settings_node
-from attnlab.tokenizer import (
+from attnlab.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -63,6 +64,7 @@ from attnlab.tokenizer import (
     from_serialized,
     load_or_train,
 )
+from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

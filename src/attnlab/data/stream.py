@@ -4,12 +4,12 @@ Tokenizers (`task.data.tokenizer`):
   char           the characters of the training split, sorted, after the project's four
                  special ids (pad 0, unk 1, bos 2, eos 3); a character the training split
                  lacks maps to unk, and every split counts how many it holds.
-  sentencepiece  a SentencePiece model (BPE or unigram, attnlab.tokenizer) trained on the
+  sentencepiece  a SentencePiece model (BPE or unigram, attnlab.data.tokenizer) trained on the
                  training split's lines; a line break is EOS, as in fairseq's LM data.
 
 A split is tokenized once into the stream cache, `<cache_dir>/streams/<key>/` (ids.bin and
 meta.json), keyed by the split's content and the tokenizer, built and checked by
-attnlab.tokenizer.build_once (in parallel processes, and resumed where a killed build
+attnlab.data.tokenizer.build_once (in parallel processes, and resumed where a killed build
 stopped: attnlab.data.encoding), and memory-mapped afterwards; a corpus's splits are parts
 of one entry.
 
@@ -43,8 +43,8 @@ from attnlab.data.cache import ids_dtype
 from attnlab.data.encoding import Encoder, Unit, encode_units
 from attnlab.data.loader import ResumableSampler
 from attnlab.data.task import WindowBatch
-from attnlab.settings import ConfigError
-from attnlab.tokenizer import EOS_ID, UNK_ID, Tokenizer, build_once, cache_key
+from attnlab.data.tokenizer import EOS_ID, UNK_ID, Tokenizer, build_once, cache_key
+from attnlab.errors import ConfigError
 
 SPECIALS = 4  # pad, unk, bos, eos: the ids every tokenizer of the project reserves
 Window = tuple[int, int, int]  # start, end, first scored prediction

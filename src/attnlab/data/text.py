@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 NOT_TEXT = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")  # C0 controls but tab, LF and CR
 

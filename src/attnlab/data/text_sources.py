@@ -16,13 +16,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from attnlab.config.values import is_number, require_counts
 from attnlab.data.digest import file_digest
 from attnlab.data.documents import corpus_files, read_documents
 from attnlab.data.encoding import Unit, document_units, reservoir, text_units
 from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub, probe_hub, stream_hub
 from attnlab.data.text import read_text
-from attnlab.settings import ConfigError, is_number, require_counts
-from attnlab.tokenizer import cut
+from attnlab.data.tokenizer import cut
+from attnlab.errors import ConfigError
 
 SOURCES = ("hub", "local", "corpus", "hub_corpus")
 COMMIT = re.compile(r"[0-9a-f]{40}")

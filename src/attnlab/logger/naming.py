@@ -18,7 +18,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from attnlab.settings import VARIANTS
+from attnlab.config.groups import VARIANTS
 
 CHOICES = (*VARIANTS, "task", "model", "block")  # the groups tagged
 NAME_LENGTH = 128  # what W&B shows of a run's name

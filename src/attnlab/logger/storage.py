@@ -10,7 +10,7 @@ import tempfile
 from contextlib import closing
 from pathlib import Path
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 LOCK_WAIT = 60  # seconds to wait for another run's write to the same database
 

@@ -32,9 +32,9 @@ from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
+from attnlab.errors import ConfigError
 from attnlab.logger.naming import RunLabels
 from attnlab.logger.storage import writable_directory
-from attnlab.settings import ConfigError
 
 log = logging.getLogger(__name__)
 

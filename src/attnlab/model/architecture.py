@@ -11,16 +11,11 @@ from torch import nn
 
 from attnlab.attention.core import AttentionParts, Compute
 from attnlab.attention.layer import OUTPUT_GATES
+from attnlab.config.build import build, to_dict
+from attnlab.config.groups import ARCHITECTURE, METADATA
+from attnlab.config.values import is_number, require_counts
+from attnlab.errors import ConfigError
 from attnlab.model.schedule import Schedule
-from attnlab.settings import (
-    ARCHITECTURE,
-    METADATA,
-    ConfigError,
-    build,
-    is_number,
-    require_counts,
-    to_dict,
-)
 from attnlab.shape import StackShape
 
 ACTIVATIONS = ("relu", "gelu")

@@ -24,9 +24,10 @@ from torch import Tensor, nn
 
 from attnlab.attention.core import AttentionParts, attend, attention_weights
 from attnlab.attention.layer import KVCache, Projected, rotate_and_cache
+from attnlab.config.values import require_counts
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import ModelConfig
 from attnlab.model.block import CrossAttentionSublayer, LayerCache, StackInputs, out_std, residual
-from attnlab.settings import ConfigError, require_counts
 from attnlab.shape import StackShape
 from attnlab.tensors import linear
 

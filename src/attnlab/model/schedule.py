@@ -25,7 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.settings import METADATA, ConfigError, is_number
+from attnlab.config.groups import METADATA
+from attnlab.config.values import is_number
+from attnlab.errors import ConfigError
 
 RUN_PE = "pe"  # the name of the run's encoding in a pattern
 

@@ -18,11 +18,12 @@ from torch import Tensor, nn
 
 from attnlab.attention.core import AttentionParts
 from attnlab.attention.layer import KVCache
+from attnlab.config.build import build
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.block import LayerCache, StackInputs
 from attnlab.model.schedule import RUN_PE, LayerPlan, Schedule
 from attnlab.pe.base import PositionalEncoding
-from attnlab.settings import ConfigError, build
 from attnlab.shape import StackShape
 from attnlab.tensors import linear
 

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 from attnlab.shape import StackShape, check_causal_only
 
 

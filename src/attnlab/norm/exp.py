@@ -14,8 +14,8 @@ normalizer's, and float16 activations (`trainer.precision=16-mixed`) are refused
 import torch
 from torch import Tensor
 
+from attnlab.errors import ConfigError
 from attnlab.norm.base import Normalizer, RunningState, exp_normalize
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
 

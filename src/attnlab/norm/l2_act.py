@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.errors import ConfigError
 from attnlab.norm.base import Normalizer, zero_masked
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.errors import ConfigError
 from attnlab.norm.base import RunningState, own_keys
 from attnlab.norm.softmax import Softmax
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
 

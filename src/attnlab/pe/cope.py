@@ -54,8 +54,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding, relative_positions
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
 

@@ -39,8 +39,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding, gather_relative, relative_positions
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 from attnlab.tensors import float64_home, linear, split_heads
 

@@ -45,8 +45,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.distance import DistanceScores, distance_span
+from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding, relative_positions
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
 EPS = 1e-6  # added to the divisor ψ(max(L, i))

@@ -44,8 +44,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import ConfigError
 from attnlab.pe.base import DistanceTerm
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
 LOWER_BOUND = 0.01  # every r, as in the authors' code

@@ -16,8 +16,9 @@ default). `init_std` sets σ explicitly instead.
 
 from torch import Tensor, nn
 
+from attnlab.config.values import is_number, require_counts
+from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding
-from attnlab.settings import ConfigError, is_number, require_counts
 from attnlab.shape import StackShape
 
 

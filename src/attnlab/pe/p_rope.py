@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnlab.config.values import is_number
+from attnlab.errors import ConfigError
 from attnlab.pe.rope import RoPE
-from attnlab.settings import ConfigError, is_number
 from attnlab.shape import StackShape
 
 

@@ -61,8 +61,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding, angles
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
 DELTA_RANGE = (-2 * math.pi, 0.0)  # δ_c is clamped to [−2π, 0]

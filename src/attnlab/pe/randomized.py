@@ -65,9 +65,11 @@ import torch
 from torch import Tensor
 
 from attnlab.attention.distance import DistanceScores
+from attnlab.config.build import build
+from attnlab.config.values import is_count
+from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding, ScoreMod
 from attnlab.pe.xl import TransformerXLPE
-from attnlab.settings import ConfigError, build, is_count
 from attnlab.shape import StackShape
 
 EVAL_POSITIONS = ("random", "plain")

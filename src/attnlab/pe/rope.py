@@ -52,8 +52,8 @@ import math
 import torch
 from torch import Tensor
 
+from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding, angles
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 from attnlab.tensors import float64_home
 

@@ -26,8 +26,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import ConfigError
 from attnlab.pe.base import DistanceTerm
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 
 

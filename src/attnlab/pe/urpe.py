@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.config.build import build
+from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding, relative_positions
-from attnlab.settings import ConfigError, build
 from attnlab.shape import StackShape
 
 

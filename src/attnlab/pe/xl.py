@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding
 from attnlab.pe.sinusoidal import sinusoids
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 from attnlab.tensors import linear
 

@@ -44,9 +44,9 @@ import math
 import torch
 from torch import Tensor
 
+from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding
 from attnlab.pe.rope import rotate
-from attnlab.settings import ConfigError
 from attnlab.shape import StackShape
 from attnlab.tensors import float64_home
 

@@ -16,9 +16,9 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
+from attnlab.errors import Diverged
 from attnlab.flops import peak_flops
 from attnlab.plots import attention_figure, save
-from attnlab.settings import Diverged
 from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)

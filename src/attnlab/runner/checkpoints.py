@@ -45,9 +45,9 @@ from lightning.pytorch.loops.progress import (
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from attnlab.data.loader import ResumableLoader
+from attnlab.errors import ConfigError, Diverged, MachineError, refused_by_machine
 from attnlab.logger.csv import CSVLogger
 from attnlab.runner.resume import LAST
-from attnlab.settings import ConfigError, Diverged, MachineError, refused_by_machine
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.options import CONF_DIR
+from attnlab.config.build import own_class, to_dict
+from attnlab.config.options import CONF_DIR
+from attnlab.config.resolvers import register_resolvers
+from attnlab.errors import ConfigError, check_writable
 from attnlab.runner.job import run_composed
 from attnlab.runner.preflight import check_setting_keys
 from attnlab.runner.resume import (
@@ -30,7 +33,6 @@ from attnlab.runner.resume import (
     evaluation_options,
     with_settings,
 )
-from attnlab.settings import ConfigError, check_writable, own_class, register_resolvers, to_dict
 from attnlab.stored import RECORD_KEY, read_checkpoint, rebuild
 from attnlab.tensors import flush_denormals
 

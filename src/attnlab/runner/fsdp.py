@@ -17,8 +17,8 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import Stack
-from attnlab.settings import ConfigError
 
 
 def layer_classes(model: nn.Module) -> set[type[nn.Module]]:

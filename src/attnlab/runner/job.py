@@ -21,7 +21,7 @@ from hydra.core.utils import configure_log
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from attnlab.options import CONF_DIR
+from attnlab.config.options import CONF_DIR
 
 T = TypeVar("T")
 

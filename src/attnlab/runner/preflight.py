@@ -22,8 +22,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.options import CONF_DIR
-from attnlab.settings import GROUPS, ConfigError
+from attnlab.config.groups import GROUPS
+from attnlab.config.options import CONF_DIR
+from attnlab.errors import ConfigError
 
 
 def check_added_groups(args: list[str]) -> None:

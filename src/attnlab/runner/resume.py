@@ -27,16 +27,9 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
-from attnlab.settings import (
-    ARCHITECTURE,
-    DESCRIPTIVE,
-    GROUPS,
-    NOT_WEIGHTS,
-    OUTPUT,
-    ConfigError,
-    flatten,
-    own_class,
-)  # fmt: skip
+from attnlab.config.build import flatten, own_class
+from attnlab.config.groups import ARCHITECTURE, DESCRIPTIVE, GROUPS, NOT_WEIGHTS, OUTPUT
+from attnlab.errors import ConfigError  # fmt: skip
 from attnlab.stored import RECORD_KEY, read_checkpoint
 
 LAST = "last.ckpt"  # the latest state of a run, in <run dir>/checkpoints/

@@ -21,26 +21,17 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.config.build import MACHINERY, build, own_class, settings_node, to_dict
+from attnlab.config.groups import ARCHITECTURE, DESCRIPTIVE, OUTPUT, REPORTING
 from attnlab.data.task import TaskData
-from attnlab.decoding import DecodeConfig
+from attnlab.decoding.encoder_decoder import DecodeConfig
+from attnlab.errors import ConfigError  # fmt: skip
 from attnlab.logger.wandb import WandbLogger
-from attnlab.optim import check_optim
 from attnlab.runner.callbacks import ScoredExamples, ValidateAtEnd
 from attnlab.runner.checkpoints import LatestCheckpoint
 from attnlab.runner.job import is_sweep_job
-from attnlab.settings import (
-    ARCHITECTURE,
-    DESCRIPTIVE,
-    MACHINERY,
-    OUTPUT,
-    REPORTING,
-    ConfigError,
-    build,
-    own_class,
-    settings_node,
-    to_dict,
-)  # fmt: skip
 from attnlab.systems.base import System
+from attnlab.systems.optim import check_optim
 
 log = logging.getLogger(__name__)
 

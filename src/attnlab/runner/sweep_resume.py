@@ -30,9 +30,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab import status
+from attnlab.errors import ConfigError
+from attnlab.runner import status
 from attnlab.runner.checkpoints import LAST
-from attnlab.settings import ConfigError
 
 RECORD = "multirun.yaml"  # Hydra writes it into every sweep directory
 BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"

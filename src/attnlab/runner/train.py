@@ -1,7 +1,7 @@
 """Train one configuration: `python train.py pe=rope norm=l2 task=probe` (see README).
 
 Returns the best value of `optimized_metric`, so Hydra sweepers can optimize over runs.
-Every run records its state in <run dir>/status.json (`attnlab.status`). In a -m sweep, a
+Every run records its state in <run dir>/status.json (`attnlab.runner.status`). In a -m sweep, a
 job that fails is recorded there with its traceback, logged, and scored NaN (Optuna marks
 the trial failed), and the sweep goes on; the sweep ends by printing the comparison of its jobs and
 exits non-zero if any failed (`attnlab.compare.sweep`).
@@ -24,16 +24,10 @@ from typing import TYPE_CHECKING
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.options import CONF_DIR
-from attnlab.settings import (
-    ConfigError,
-    Diverged,
-    MachineError,
-    check_writable,
-    refused_by_machine,
-    register_resolvers,
-    to_dict,
-)
+from attnlab.config.build import to_dict
+from attnlab.config.options import CONF_DIR
+from attnlab.config.resolvers import register_resolvers
+from attnlab.errors import ConfigError, Diverged, MachineError, check_writable, refused_by_machine
 
 if TYPE_CHECKING:
     import lightning as L
@@ -51,8 +45,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     import lightning as L
     from lightning.pytorch.utilities import rank_zero_only
 
-    from attnlab import status
-    from attnlab.runner import run
+    from attnlab.runner import run, status
     from attnlab.runner.checkpoints import RunRecord
     from attnlab.runner.resume import (
         RECORD_KEY,
@@ -285,7 +278,7 @@ def check_directories(args: list[str]) -> None:
 def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
     """Refuse a directory that another process writes, that holds a run which this one
     does not continue (from `checkpoint`), or that cannot be written."""
-    from attnlab import lock, status
+    from attnlab.runner import lock, status
     from attnlab.runner.resume import run_directory
 
     lock.check_free(run_dir)
@@ -306,7 +299,7 @@ def holds_a_run(run_dir: Path | str) -> ConfigError:
 
 def check_sweep_directory(sweep: Path) -> None:
     """Refuse a sweep directory that holds runs, or whose directories (its jobs') do."""
-    from attnlab import status
+    from attnlab.runner import status
 
     inside = sorted(d for d in sweep.iterdir() if d.is_dir()) if sweep.is_dir() else []
     taken = [d for d in (sweep, *inside) if status.holds_run(d)]

@@ -35,11 +35,11 @@ import torch
 from torch import Tensor
 
 from attnlab.attention.core import AttentionParts, Compute, attend
+from attnlab.config.groups import VARIANTS
+from attnlab.config.options import causal_only, options, shrink, variant
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import Stack, attention_mask
-from attnlab.options import causal_only, options, shrink, variant
-from attnlab.settings import VARIANTS
 from attnlab.shape import StackShape
 
 EXACT = 1e-10  # float64 deviations below this are rounding: the property holds

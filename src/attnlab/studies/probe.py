@@ -33,8 +33,9 @@ from typing import Any
 
 import torch
 
+from attnlab.config.build import build
+from attnlab.errors import ConfigError
 from attnlab.norm.base import Normalizer
-from attnlab.settings import ConfigError, build
 from attnlab.shape import StackShape
 
 SHAPE = StackShape(d_model=16, n_heads=2, head_dim=8, value_dim=8, n_layers=1, causal=False)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 from attnlab.shape import StackShape
 
 

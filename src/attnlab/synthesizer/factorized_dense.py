@@ -23,7 +23,7 @@ import math
 
 from torch import Tensor
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesis, Synthesizer, require_positive
 from attnlab.synthesizer.dense import TokenMLP

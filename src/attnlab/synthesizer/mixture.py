@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.settings import ConfigError, build
+from attnlab.config.build import build
+from attnlab.errors import ConfigError
 from attnlab.shape import StackShape
 from attnlab.synthesizer.base import Synthesis, Synthesizer
 

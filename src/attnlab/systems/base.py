@@ -14,16 +14,16 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from attnlab.config.build import check_options
 from attnlab.data.task import TaskData
 from attnlab.flops import flops_per_token
 from attnlab.memory import TRAINING_BYTES, check_fits
 from attnlab.model.architecture import Architecture
 from attnlab.norm.base import Normalizer
-from attnlab.optim import check_optim, configure_adamw
 from attnlab.pe.base import PositionalEncoding
-from attnlab.settings import check_options
 from attnlab.stored import RECORD_KEY
 from attnlab.synthesizer.base import Synthesizer
+from attnlab.systems.optim import check_optim, configure_adamw
 
 PART_TYPES = {"pe": PositionalEncoding, "synthesizer": Synthesizer, "norm": Normalizer}
 # what the data gives a system (vocabulary and class counts), before any data is read

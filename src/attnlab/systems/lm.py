@@ -31,15 +31,16 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
+from attnlab.config.values import require_counts
 from attnlab.data.stream import TOKENIZER_KEY, StreamTokenizer, restore_tokenizer
 from attnlab.data.task import TaskData, WindowBatch
-from attnlab.decoding import DecodeConfig
-from attnlab.generation import continuations
+from attnlab.decoding.decoder_only import continuations
+from attnlab.decoding.encoder_decoder import DecodeConfig
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM
 from attnlab.plots import lm_length_figures, save
-from attnlab.settings import ConfigError, require_counts
 from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)

@@ -2,11 +2,11 @@
 
 Trains with label-smoothed cross-entropy on teacher-forced targets. Each evaluation logs
 `<stage>/loss` and `<stage>/ppl` (the perplexity of the targets, without smoothing, over
-every target token), then the scores of the task (`scores`, attnlab.scores: BLEU and chrF for
+every target token), then the scores of the task (`scores`, attnlab.metrics: BLEU and chrF for
 translation; BLEU-1/4, ROUGE-L, distinct-1/2 and the length ratio for dialogue) of generated
 hypotheses against the references. Validation generates with beam search of decode.val_beam
 (1: greedy), for the first `val_generate` pairs of the split (null: all); testing generates
-for every pair with decode.strategy (attnlab.decoding). Scores are computed once every rank
+for every pair with decode.strategy (attnlab.decoding.encoder_decoder). Scores are computed once every rank
 has every hypothesis, so each rank logs the same value. Hypotheses are written in corpus
 order to <run dir>/hypotheses/; a few (source, reference, hypothesis) triples go to the log
 at each validation, and to W&B as a table.
@@ -25,15 +25,16 @@ from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from attnlab.config.values import require_counts
 from attnlab.data.task import PairBatch, TaskData
-from attnlab.decoding import DecodeConfig, generate
+from attnlab.data.tokenizer import VOCABULARY_KEY, Tokenizers
+from attnlab.decoding.encoder_decoder import DecodeConfig, generate
+from attnlab.errors import ConfigError
+from attnlab.metrics import SCORERS, signatures
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import EncoderDecoder
-from attnlab.scores import SCORERS, signatures
-from attnlab.settings import ConfigError, require_counts
 from attnlab.systems.base import System
-from attnlab.tokenizer import VOCABULARY_KEY, Tokenizers
 
 log = logging.getLogger(__name__)
 SAMPLES = 3  # (source, reference, hypothesis) triples logged per validation

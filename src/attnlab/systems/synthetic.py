@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.data.task import IGNORE, SyntheticBatch, TaskData
-from attnlab.decoding import Decoder
-from attnlab.generation import Pick, continue_text
+from attnlab.decoding.decoder_only import Pick, continue_text
+from attnlab.decoding.encoder_decoder import Decoder
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM, EncoderDecoder
-from attnlab.settings import ConfigError
 from attnlab.systems.base import System
 from attnlab.tasks.synthetic import ARCHS, Specials
 

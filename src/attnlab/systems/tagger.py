@@ -14,11 +14,11 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from attnlab.data.task import IGNORE, TaggedBatch, TaskData
+from attnlab.errors import ConfigError
 from attnlab.metrics import AccuracyByPosition
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import Tagger
-from attnlab.settings import ConfigError
 from attnlab.systems.base import System
 
 

@@ -40,12 +40,13 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.config.values import require_counts
 from attnlab.data.corpus import SPLITS, Pair
 from attnlab.data.digest import file_digest
 from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub
 from attnlab.data.seq2seq import Seq2SeqDataModule
 from attnlab.data.text import read_lines
-from attnlab.settings import ConfigError, require_counts
+from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

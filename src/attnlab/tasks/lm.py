@@ -33,6 +33,7 @@ from typing import Any
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
+from attnlab.config.values import require_counts
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.loader import ResumableLoader
 from attnlab.data.stream import (
@@ -51,8 +52,8 @@ from attnlab.data.stream import (
 from attnlab.data.task import TaskData
 from attnlab.data.text import available_cores
 from attnlab.data.text_sources import SPLITS, make_source
-from attnlab.settings import ConfigError, require_counts
-from attnlab.tokenizer import TokenizerSettings, build_once, cache_key, load_or_train
+from attnlab.data.tokenizer import TokenizerSettings, build_once, cache_key, load_or_train
+from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,8 @@ import heapq
 import math
 import random
 
-from attnlab.settings import ConfigError, is_count, is_number, require_counts
+from attnlab.config.values import is_count, is_number, require_counts
+from attnlab.errors import ConfigError
 from attnlab.tasks.synthetic import OPTIONS, Example, require_flags, require_length
 
 FILLER = 0

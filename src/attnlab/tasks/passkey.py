@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import random
 
-from attnlab.settings import ConfigError, is_number, require_counts
+from attnlab.config.values import is_number, require_counts
+from attnlab.errors import ConfigError
 from attnlab.tasks.synthetic import OPTIONS, Example, require_length
 
 KEY, QUERY, FILLER = 10, 11, 12

@@ -18,10 +18,11 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from attnlab.config.values import require_counts
 from attnlab.data.loader import ResumableLoader, ResumableSampler
 from attnlab.data.task import IGNORE, TaggedBatch, TaskData
+from attnlab.errors import ConfigError
 from attnlab.memory import check_free
-from attnlab.settings import ConfigError, require_counts
 
 PAD, ZERO, CLS, SEP = 0, 1, 2, 3
 EXAMPLE_BYTES = 1024  # a tuple of two tensors, measured as resident memory

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from attnlab.settings import require_counts
+from attnlab.config.values import require_counts
 from attnlab.tasks.synthetic import OPTIONS, Example, random_symbols, require_length
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import random
 
-from attnlab.settings import ConfigError, is_count
+from attnlab.config.values import is_count
+from attnlab.errors import ConfigError
 from attnlab.tasks.synthetic import OPTIONS, Example, random_symbols, require_length
 
 

@@ -31,11 +31,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from attnlab.config.build import build
+from attnlab.config.values import is_count, require_counts
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.loader import ResumableLoader, ResumableSampler
 from attnlab.data.task import IGNORE, SyntheticBatch, TaskData
+from attnlab.errors import ConfigError
 from attnlab.memory import check_free
-from attnlab.settings import ConfigError, build, is_count, require_counts
 
 OPTIONS = "task.data.generator"  # where a generator's options sit, for error messages
 ARCHS = ("decoder", "encoder_decoder")

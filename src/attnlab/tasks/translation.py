@@ -31,7 +31,7 @@ from attnlab.data.digest import file_digest
 from attnlab.data.hub import HUB_BATCH, HUB_SPLIT_NAMES, load_hub
 from attnlab.data.seq2seq import Seq2SeqDataModule
 from attnlab.data.text import count_lines, read_lines
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 SOURCES = ("hub", "local")
 

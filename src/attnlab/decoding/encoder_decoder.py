@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnlab.config.values import is_number, require_counts
+from attnlab.errors import ConfigError
 from attnlab.model.transformer import EncoderDecoder
-from attnlab.settings import ConfigError, is_number, require_counts
 
 STRATEGIES = ("greedy", "beam", "top_k", "nucleus")
 CHECK_EVERY = 8  # steps between asking the device whether every sentence is done

@@ -1,4 +1,4 @@
-"""Turning config nodes into objects, and the errors that end a run with one sentence.
+"""Turning config nodes into objects, each option checked against the class it builds.
 
 Every option YAML names its class in `_target_` and carries `name`, `description` and
 `paper` for people and dashboards; `build` drops those three and calls the class with the
@@ -9,156 +9,19 @@ stored (their hyperparameters), and a file must not be able to name any other ca
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import errno
 import importlib
 import inspect
-import itertools
-import os
-import shutil
 from collections.abc import Collection, Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.config.groups import METADATA
+from attnlab.config.values import SCALARS, fits, scalar_annotation
+from attnlab.errors import ConfigError
+
 T = TypeVar("T")
-METADATA = ("name", "description", "paper")
-DESCRIPTIVE = ("_target_", "description", "paper")  # what a node is and where its class lives
-# The config groups (conf/<group>/) by what they decide; every other list of them derives
-# from these.
-VARIANTS = ("pe", "norm", "synthesizer")  # the attention's parts
-ARCHITECTURE = ("model", "block", *VARIANTS)  # what the weights are built for
-REPORTING = ("logger", "callbacks", "extras")  # what a run records and prints, not what ran
-PRESETS = ("experiment", "hparams_search", "debug")  # choices of the groups above, bundled
-OUTPUT = ("paths", "hydra", "hydra/launcher")  # where output goes and how jobs are launched
-GROUPS = ("task", *VARIANTS, "block", "model", "schedule", "trainer", *REPORTING, *PRESETS, *OUTPUT)
-# model settings that choose kernels or a starting point, not what the trained weights are
-NOT_WEIGHTS = ("fast_attention", "flex_attention", "attention_chunk", "compile", "init_std")
-
-
-_reserved: list[Path] = []  # directories unique_directory made in this process
-
-
-def unique_directory(path: str) -> str:
-    """`path`, else `path_2`, `path_3`, ...: the first that did not exist, created by this call
-    (mkdir is exclusive: runs started in the same second, by any launcher, never share one).
-
-    Hydra also resolves a run directory that a later config replaces (debug=..., eval.py)
-    while it merges configs; what that made stays empty and is removed when the process ends.
-    """
-    base = Path(path)
-    try:
-        base.parent.mkdir(parents=True, exist_ok=True)
-        for n in itertools.count(1):
-            candidate = base if n == 1 else base.with_name(f"{base.name}_{n}")
-            try:
-                candidate.mkdir()
-            except FileExistsError:
-                continue
-            _reserved.append(candidate)
-            return str(candidate)
-    except OSError as error:
-        # an exit, not an error: OmegaConf turns a resolver's errors into 100-line reports
-        raise SystemExit(f"attnlab: {unwritable(base.parent, error.strerror)}") from None
-    raise AssertionError("unreachable")
-
-
-def unwritable(directory: Path, reason: str) -> str:
-    return (
-        f"cannot write in {directory} ({reason}): make it writable, or pass "
-        "paths.log_dir=<a writable directory>"
-    )
-
-
-def check_writable(directory: Path) -> None:
-    """Make `directory` (a run's, named on the command line) or say why it cannot be made."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(unwritable(directory, error.strerror)) from None
-    if not os.access(directory, os.W_OK):
-        raise ConfigError(unwritable(directory, "permission denied"))
-
-
-@atexit.register
-def _release_unused() -> None:
-    for directory in _reserved:
-        with contextlib.suppress(OSError):  # not empty: a run used it
-            directory.rmdir()
-
-
-def register_resolvers() -> None:
-    """The resolvers the configs use; called by every entry point before Hydra composes.
-
-    `${cwd:}`, the directory a run is launched from, for paths.root_dir (Hydra's own
-    `${hydra:runtime.cwd}` is unset when a multirun's sweeper resolves hydra.sweep.dir).
-    `${unique:path}` for run and sweep directories, cached, so that every later read of
-    hydra.run.dir (and every job's copy of a sweep's config) gives the one directory made.
-    """
-    OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
-    OmegaConf.register_new_resolver("unique", unique_directory, replace=True, use_cache=True)
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message says what is wrong and how to fix it."""
-
-
-class Diverged(ArithmeticError):
-    """Training reached a NaN or infinite loss; the message says when and what to change."""
-
-
-class MachineError(RuntimeError):
-    """The machine refused what a run needs (disk space, a writable directory); the message
-    says what to do."""
-
-
-# the errors of a file system that says no, and what to do about each
-REFUSED = {
-    errno.ENOSPC: "free space there",
-    errno.EDQUOT: "free space there (the disk quota is used up)",
-    errno.EROFS: "choose a writable place (paths.log_dir=<dir>)",
-    errno.EACCES: "make it writable, or choose another place (paths.log_dir=<dir>)",
-    errno.EPERM: "make it writable, or choose another place (paths.log_dir=<dir>)",
-}
-
-
-def refused_by_machine(error: BaseException, path: Path | None = None) -> MachineError | None:
-    """The one-sentence MachineError for an error that a file system's refusal (disk full,
-    read-only, no permission) caused, directly or underneath (torch.save reports a full disk
-    as a RuntimeError whose context is the OSError), writing `path` (or the error's file);
-    None for any other error."""
-    seen: BaseException | None = error
-    while seen is not None and not (isinstance(seen, OSError) and seen.errno in REFUSED):
-        if isinstance(seen, MachineError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    if seen is None:
-        return None
-    target = Path(seen.filename) if seen.filename else path
-    if target is None:
-        return MachineError(f"the machine refused a write ({seen.strerror}): {REFUSED[seen.errno]}")
-    free = shutil.disk_usage(target.parent).free / 2**20 if target.parent.is_dir() else None
-    room = f", {free:.1f} MiB free there" if free is not None else ""
-    return MachineError(f"could not write {target} ({seen.strerror}{room}): {REFUSED[seen.errno]}")
-
-
-def is_count(value: Any, least: int = 1) -> bool:
-    """An integer (not a bool) of at least `least`."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def require_counts(prefix: str, least: int = 1, **values: Any) -> None:
-    """ConfigError for the first value that is not an integer of at least `least`."""
-    for name, value in values.items():
-        if not is_count(value, least):
-            kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
-            raise ConfigError(f"{prefix}.{name}={value!r} must be {kind}")
 
 
 def flatten(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -213,29 +76,6 @@ def own_class(target: Any, roots: tuple[str, ...] = OWN) -> type:
             "built from attnlab's own classes (add a new one under src/attnlab/)"
         )
     return found
-
-
-SCALARS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
-
-
-def scalar_annotation(annotation: Any) -> list[str] | None:
-    """The names of `int | float | bool | str | None`-style annotations; None for any other."""
-    text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
-    names = [name.strip() for name in text.split("|")]
-    return names if all(name in SCALARS or name == "None" for name in names) else None
-
-
-def fits(names: list[str], value: Any) -> bool:
-    """Whether `value` is of one of the scalar types `names` (an int is a float, a bool is
-    neither)."""
-    kinds = {
-        "None": value is None,
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": is_number(value),
-        "str": isinstance(value, str),
-    }
-    return any(kinds[name] for name in names)
 
 
 VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)

@@ -33,7 +33,7 @@ import sentencepiece as spm
 from filelock import FileLock, Timeout
 
 from attnlab.data.record import record_problem, write_record
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

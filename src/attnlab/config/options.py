@@ -1,6 +1,6 @@
 """The options of every config group, read from the YAML files shipped inside the package.
 
-`python -m attnlab.options` prints them as a Markdown table: the README's options table is
+`python -m attnlab.config.options` prints them as a Markdown table: the README's options table is
 this output (a test keeps the two in sync). Tests and benchmarks build variants from the
 same files with `variant`, so they exercise the defaults a run gets.
 """
@@ -16,9 +16,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from attnlab.settings import GROUPS, VARIANTS, own_class, to_dict
+from attnlab.config.build import own_class, to_dict
+from attnlab.config.groups import GROUPS, VARIANTS
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def options(group: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 Each step feeds only the newest token and reuses the keys and values of the earlier ones
 (`cache=False` recomputes the whole prefix instead, which gives the same tokens: a test
-checks it). Tokens are picked greedily or drawn by attnlab.decoding's Sampler (top-k,
+checks it). Tokens are picked greedily or drawn by attnlab.decoding.encoder_decoder's Sampler (top-k,
 nucleus, temperature) with a generator of its own, so a seed gives the same text again.
 One sample streams its text as it is drawn (`streamed`); before decoding starts, the key/value
 cache the request will need is checked against the memory free.
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnlab.decoding import DecodeConfig, Sampler
+from attnlab.decoding.encoder_decoder import DecodeConfig, Sampler
+from attnlab.errors import ConfigError
 from attnlab.memory import check_free
 from attnlab.model.transformer import DecoderLM
-from attnlab.settings import ConfigError
 
 if TYPE_CHECKING:
     from attnlab.data.stream import StreamTokenizer

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.settings import ConfigError, is_number, require_counts
+from attnlab.config.values import is_number, require_counts
+from attnlab.errors import ConfigError
 
 SCHEDULES = ("constant", "linear", "cosine", "inverse_sqrt")
 

@@ -1,6 +1,6 @@
 """One writer per run directory: `<run dir>/run.lock` names the process that trains there.
 
-`attnlab.status.tracking` takes the lock when a run starts and removes it when the run ends,
+`attnlab.runner.status.tracking` takes the lock when a run starts and removes it when the run ends,
 however it ends. A second process is refused with one sentence naming the holder's host and
 pid. A lock whose process is gone (killed, or its pid now another, later process) is stale:
 it is named in a warning and taken over. A holder on another host cannot be checked: it is
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from attnlab.settings import ConfigError
+from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

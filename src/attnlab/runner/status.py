@@ -2,7 +2,7 @@
 
 `train.py` writes it when a run starts, once its model is built, and when it ends (with the
 last line of the error and the traceback when it fails, or why it was interrupted), holding
-the directory's lock meanwhile (`attnlab.lock`); `attnlab compare` reads it to tell finished,
+the directory's lock meanwhile (`attnlab.runner.lock`); `attnlab compare` reads it to tell finished,
 failed and unfinished jobs apart. Plain JSON: reading it runs nothing.
 """
 
@@ -19,7 +19,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from attnlab import lock
+from attnlab.runner import lock
 
 log = logging.getLogger(__name__)
 

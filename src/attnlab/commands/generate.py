@@ -15,11 +15,14 @@ model is rebuilt from its hyperparameters, its weights and its tokenizer.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 import sys
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TextIO
 
+import attnlab.pe
 from attnlab.commands.arguments import parse_setting
 from attnlab.config.values import is_count
 from attnlab.decoding.decoder_only import (
@@ -30,7 +33,8 @@ from attnlab.decoding.decoder_only import (
     streamed,
 )  # fmt: skip
 from attnlab.errors import ConfigError
-from attnlab.runner.resume import EVALUATION_OPTIONS, evaluation_options, with_settings
+from attnlab.pe.base import PositionalEncoding
+from attnlab.runner.resume import evaluation_options, with_settings
 from attnlab.stored import load_system, nested
 
 if TYPE_CHECKING:
@@ -39,7 +43,21 @@ if TYPE_CHECKING:
 
 SETTINGS = ("ckpt_path", "prompt", "max_new_tokens", "samples", "cache")
 DECODE_SETTINGS = ("strategy", "top_k", "top_p", "temperature", "seed")
-PE_SETTINGS = sorted({name for names in EVALUATION_OPTIONS.values() for name in names})
+
+
+def every_subclass(cls: type) -> list[type]:
+    return [cls, *(c for sub in cls.__subclasses__() for c in every_subclass(sub))]
+
+
+def pe_settings() -> list[str]:
+    """The options any of attnlab's encodings lets generate change on a trained model."""
+    for module in pkgutil.iter_modules(attnlab.pe.__path__):
+        importlib.import_module(f"attnlab.pe.{module.name}")
+    encodings = every_subclass(PositionalEncoding)
+    return sorted({name for cls in encodings for name in cls.evaluation_options})
+
+
+PE_SETTINGS = pe_settings()
 TEXT_SETTINGS = ("ckpt_path", "prompt")  # read as written: prompt=true is the text "true"
 SAMPLE_RULE = "\n" + "-" * 40 + "\n"  # between the texts of samples=N > 1
 ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -118,7 +136,7 @@ def parse_request(args: list[str]) -> Request:
 
 def with_pe_settings(path: str, architecture: Any, settings: dict[str, Any]) -> Any:
     """The stored `architecture` with the flattened pe `settings` set, or a ConfigError where
-    its pe has no such evaluation option (attnlab.runner.resume.EVALUATION_OPTIONS)."""
+    its pe has no such evaluation option (its class's `evaluation_options`)."""
     changeable = evaluation_options(architecture if isinstance(architecture, dict) else {})
     if refused := [key for key in settings if key not in changeable]:
         pe = nested(architecture, "pe").get("name")

@@ -81,6 +81,15 @@ def own_class(target: Any, roots: tuple[str, ...] = OWN) -> type:
 VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
+def declared(target: Any, name: str, default: T) -> T:
+    """What the attnlab class `target` names declares as `name` (a class attribute, so that
+    subclasses inherit it); `default` where `target` names no attnlab class."""
+    try:
+        return getattr(own_class(target), name, default)
+    except ConfigError:
+        return default
+
+
 def options_of(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
     """The named options `cls` takes, and whether it takes any other. An attnlab class whose
     constructor passes **options on to its attnlab parent's (a variant stating only what

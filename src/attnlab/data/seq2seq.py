@@ -29,7 +29,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from torch.utils.data import DataLoader
@@ -137,6 +137,18 @@ class Seq2SeqDataModule(TaskData):
     training pairs are dropped) or the longest validation/test sequence (cut at
     max_eval_len) if longer. After `restore`, all of this concerns the evaluated split alone.
     """
+
+    # Runs recorded before `data_seed` existed drew their data with task.data.seed, and those
+    # recorded before the nodes task.data.batching and task.data.tokenizer spelled their
+    # settings flat: both are evaluated or resumed as they ran (attnlab.runner.resume).
+    data_seed_added = True
+    earlier_spellings: ClassVar[Mapping[str, str]] = {
+        **{f"task.data.{key}": f"task.data.batching.{key}" for key in (
+            "max_tokens", "max_len", "max_len_ratio", "max_eval_len", "train_size", "sort_chunk")},
+        **{f"task.data.{key}": f"task.data.tokenizer.{key}" for key in (
+            "vocab_size", "model_type", "character_coverage", "joint_vocab", "num_threads")},
+        "task.data.tokenizer_pairs": "task.data.tokenizer.pairs",
+    }  # fmt: skip
 
     def __init__(
         self,

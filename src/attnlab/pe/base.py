@@ -63,6 +63,8 @@ class PositionalEncoding(nn.Module):
     causal_only: str | None = None  # why it is defined for causal self-attention only
     replaces_dot: str | None = None  # what it puts in q·k's place: no mixture may weigh q·k
     data_width = 0  # channels a head that data_term reads, projected from the layer's input
+    # options that change no weight, so eval.py and generate may set them on a trained model
+    evaluation_options: tuple[str, ...] = ()
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()

@@ -39,7 +39,8 @@ sin tables, which leaves partial rotary's pass-through dimensions unscaled). PI 
 scaling have no temperature.
 
 The scaling options change no weight: eval.py may set them on a checkpoint trained without
-them (`attnlab.runner.resume.EVALUATION_OPTIONS`), while a resumed training run may not change them.
+them (`RoPE.evaluation_options`, which subclasses inherit), while a resumed training run may not
+change them.
 Dynamic scaling (YaRN §3.3: s = max(1, l/L) at the current length l) is not implemented: it
 changes the angles of every key as the sequence grows, so a cache must hold keys before the
 rotation, and the attention core caches rotated keys (`rotate_and_cache`).
@@ -164,6 +165,13 @@ def check_scaling(scaling: str | None, options: dict[str, float | None], rotary_
 
 class RoPE(PositionalEncoding):
     rotates = True
+    evaluation_options = (
+        "scaling",
+        "scaling_factor",
+        "original_max_len",
+        "yarn_alpha",
+        "yarn_beta",
+    )
 
     def __init__(
         self,

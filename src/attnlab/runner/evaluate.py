@@ -5,7 +5,7 @@ see `attnlab.runner.resume`), placed before the ones given here on the command l
 evaluation settings may change (a longer eval length, another data directory, decode.beam);
 the model may not (an override of pe, norm, synthesizer, model.* or the task is an error),
 except in how a RoPE reads positions past its training context (pe.scaling and the options
-it reads: `attnlab.runner.resume.EVALUATION_OPTIONS`, set in the model the checkpoint holds).
+it reads: the PE class's `evaluation_options`, set in the model the checkpoint holds).
 What the model depends on beyond its weights (a translation model's vocabulary) comes from
 the checkpoint too, never from the data it is evaluated on. Checkpoints are read as tensors
 and plain data only, and a directory `attnlab export` wrote is read as JSON, safetensors

@@ -27,7 +27,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 
-from attnlab.config.build import flatten, own_class
+from attnlab.config.build import declared, flatten
 from attnlab.config.groups import ARCHITECTURE, DESCRIPTIVE, GROUPS, NOT_WEIGHTS, OUTPUT
 from attnlab.errors import ConfigError  # fmt: skip
 from attnlab.stored import RECORD_KEY, read_checkpoint
@@ -42,29 +42,6 @@ DATA_LOCATIONS = ("task.data.dir", "task.data.test_src", "task.data.test_tgt")
 # how a run was trained, not what it learned: an evaluation never takes these from the run
 TRAINING_ONLY = ("trainer", "callbacks", "debug", "hparams_search", "train", "test")
 TOP_VALUES = ("seed", "tags", "train", "test", "optimized_metric")
-# options of a PE class that change how a trained model reads positions, not its weights:
-# eval.py may set them on a checkpoint (RoPE's context extension), a resumed run may not
-EVALUATION_OPTIONS = {
-    "attnlab.pe.rope.RoPE": (
-        "scaling", "scaling_factor", "original_max_len", "yarn_alpha", "yarn_beta",
-    ),
-}  # fmt: skip
-# data modules that draw their data (a split, a train_size sample) with task.data.data_seed;
-# their runs recorded before it existed drew it with task.data.seed, the run's seed
-DATA_SEEDED = (
-    "attnlab.tasks.dialogue.DialogueDataModule", "attnlab.tasks.translation.TranslationDataModule",
-)  # fmt: skip
-# The sequence-to-sequence data settings that moved into the nodes task.data.batching and
-# task.data.tokenizer: a run recorded before then is resumed or evaluated with them respelled.
-MOVED = {
-    **{f"task.data.{key}": f"task.data.batching.{key}" for key in (
-        "max_tokens", "max_len", "max_len_ratio", "max_eval_len", "train_size", "sort_chunk")},
-    **{f"task.data.{key}": f"task.data.tokenizer.{key}" for key in (
-        "vocab_size", "model_type", "character_coverage", "joint_vocab", "num_threads")},
-    "task.data.tokenizer_pairs": "task.data.tokenizer.pairs",
-}  # fmt: skip
-# generator options added with a new default: a run recorded before then keeps the value it ran
-EARLIER_GENERATOR = {"attnlab.tasks.mqar.MQAR": {"layout": "answers_after"}}
 OPTION_NAME = re.compile(r"[\w-]+")
 PRIMITIVE = (str, int, float, bool, type(None))
 # the callback options a stored override may set again, to a number, a boolean or null: how a
@@ -205,12 +182,13 @@ def respelled(overrides: list[str], config: dict[str, Any]) -> list[str]:
     """`overrides` of a sequence-to-sequence run recorded before its data settings moved into
     nodes, in today's spelling (task.data.max_tokens=… -> task.data.batching.max_tokens=…)."""
     data = (config.get("task") or {}).get("data") or {}
-    if data.get("_target_") not in DATA_SEEDED or "batching" in data:
+    moved = declared(data.get("_target_"), "earlier_spellings", {})
+    if not moved or "batching" in data:
         return overrides
     spelled = []
     for text in overrides:
         prefix, key, value = re.match(r"([+~]*)([^=]*)(.*)", text, re.S).groups()  # type: ignore[union-attr]
-        spelled.append(f"{prefix}{MOVED.get(key, key)}{value}")
+        spelled.append(f"{prefix}{moved.get(key, key)}{value}")
     return spelled
 
 
@@ -220,7 +198,8 @@ def earlier_data_seed(config: dict[str, Any]) -> list[str]:
     task.data.seed: evaluated or resumed, it keeps the data it was trained and tested on."""
     data = (config.get("task") or {}).get("data") or {}
     seed = data.get("seed")
-    if data.get("_target_") in DATA_SEEDED and "data_seed" not in data and type(seed) is int:
+    seeded = declared(data.get("_target_"), "data_seed_added", False)
+    if seeded and "data_seed" not in data and type(seed) is int:
         return [f"task.data.data_seed={seed}"]
     return []
 
@@ -229,7 +208,7 @@ def earlier_generator(config: dict[str, Any]) -> list[str]:
     """For a run recorded before an option of its task's generator existed (mqar's layout),
     the value it ran with, so that it is evaluated or resumed on the task it learned."""
     generator = ((config.get("task") or {}).get("data") or {}).get("generator") or {}
-    earlier = EARLIER_GENERATOR.get(generator.get("_target_"), {})
+    earlier = declared(generator.get("_target_"), "earlier_defaults", {})
     return [f"task.data.generator.{k}={v}" for k, v in earlier.items() if k not in generator]
 
 
@@ -290,7 +269,7 @@ def training_arguments(args: list[str]) -> list[str] | None:
 
 def evaluation_options(config: dict[str, Any]) -> dict[str, Any]:
     """The settings of `config`'s pe (and of a PE inside it, such as URPE's base) that
-    EVALUATION_OPTIONS lets eval.py change, flattened: {"pe.scaling": "yarn", ...}."""
+    its class lets eval.py change (`evaluation_options`), flattened: {"pe.scaling": "yarn", ...}."""
     flat = flatten({"pe": config.get("pe") or {}})
     nodes = {key.removesuffix("_target_"): evaluation_names(target) for key, target in
              flat.items() if key.endswith("._target_")}  # fmt: skip
@@ -303,14 +282,9 @@ def evaluation_options(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def evaluation_names(target: Any) -> tuple[str, ...]:
-    """The options of EVALUATION_OPTIONS for the class `target` names, or for the nearest of
-    its parents listed there (p-RoPE takes RoPE's); none for a class that is not attnlab's."""
-    try:
-        cls = own_class(target)
-    except ConfigError:
-        return ()
-    names = (f"{klass.__module__}.{klass.__qualname__}" for klass in cls.__mro__)
-    return next((EVALUATION_OPTIONS[name] for name in names if name in EVALUATION_OPTIONS), ())
+    """The `evaluation_options` the PE class `target` names declares (p-RoPE inherits
+    RoPE's); none for a class that is not attnlab's."""
+    return declared(target, "evaluation_options", ())
 
 
 def with_settings(node: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:

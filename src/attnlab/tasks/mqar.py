@@ -47,6 +47,8 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from attnlab.config.values import is_count, is_number, require_counts
 from attnlab.errors import ConfigError
@@ -57,6 +59,9 @@ LAYOUTS = ("zoology", "answers_after")
 
 
 class MQAR:
+    # options added with a new default: a run recorded before them keeps the value it ran with
+    earlier_defaults: ClassVar[Mapping[str, Any]] = {"layout": "answers_after"}
+
     def __init__(
         self,
         vocab_size: int,

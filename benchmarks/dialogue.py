@@ -30,6 +30,7 @@ from hydra.core.global_hydra import GlobalHydra
 sys.path.insert(0, str(Path(__file__).parent))
 from benchmarks_common import ROOT, documented, machine, report
 
+from attnlab.config.build import to_dict
 from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
 from attnlab.runner import run
@@ -52,8 +53,8 @@ def test_phase(overrides: list[str], output: Path) -> tuple[int, float]:
     datamodule = run.build_datamodule(cfg)
     datamodule.prepare_data()
     datamodule.setup("fit")  # the tokenizer, trained or read from the cache: not timed
-    system = run.build_system(cfg, datamodule)
-    trainer = run.build_trainer(cfg)
+    system = run.build_system(run.Plan.from_config(cfg), datamodule)
+    trainer = run.build_trainer(to_dict(cfg))
     datamodule.setup("test")
     start = time.perf_counter()
     (metrics,) = trainer.test(system, datamodule, verbose=False)

@@ -45,7 +45,6 @@ from attnlab.flops import flops_per_token, peak_flops
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.runner.job import compose_run, job_config
-from attnlab.runner.run import architecture_nodes
 
 NANOGPT = ROOT.parent / "shared" / "peers" / "nanogpt"
 PES = {"learned": [], "rope": ["~pe.max_len"], "alibi": ["~pe.max_len"], "t5": ["~pe.max_len"]}
@@ -83,7 +82,7 @@ MODES = {
 def attnlab_model(pe: str, mode: Mode) -> tuple[torch.nn.Module, Architecture]:
     overrides = ["experiment=lm_gpt2_small", f"pe={pe}", *PES[pe]]
     overrides += [o for o in mode.shape if pe == "learned" or "max_len" not in o]
-    arch = Architecture.from_config(architecture_nodes(job_config(compose_run("train", overrides))))
+    arch = Architecture.from_config(job_config(compose_run("train", overrides)))
     return DecoderLM(arch.model, arch.attention, mode.vocab), arch
 
 

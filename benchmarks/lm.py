@@ -18,7 +18,7 @@ builds it), trained on the same pre-drawn training batches two ways, alternating
 process: (a) a lightning.Trainer (conf/trainer/default.yaml's settings with max_steps,
 gradient clipping 1.0 and fp32; no validation, checkpointing, logger, progress bar or model
 summary) fitting the LMSystem; (b) a plain PyTorch loop over the same LMSystem code, its
-param groups and LambdaLR schedule from attnlab.systems.optim.configure_adamw, clip_grad_norm_(1.0).
+param groups and LambdaLR schedule from attnlab.systems.optim.Optim.configure, clip_grad_norm_(1.0).
 Both start each repeat from the same initial weights. Timed: (a) from the start of its first
 training batch to on_train_end (Trainer construction and setup excluded), (b) its steps.
 Reported: training tokens/s of each, the ratio Lightning/plain (target ≥ 0.95), and the
@@ -56,11 +56,11 @@ from benchmarks_common import ROOT, documented, machine, report
 
 from attnlab.compare.runs import read_logged
 from attnlab.compare.seeds import interval
+from attnlab.config.build import to_dict
 from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
 from attnlab.runner import run
 from attnlab.systems.lm import LMSystem
-from attnlab.systems.optim import configure_adamw
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 EXPERIMENT = "experiment=lm_shakespeare_char"
@@ -191,7 +191,7 @@ def fit_lightning(
     """Seconds of the steps and the last loss of a Trainer fitting `system` on `batches`."""
     timer = StepTimer()
     trainer = run.trainer_from(
-        cfg.trainer, max_steps=len(batches), max_epochs=-1, limit_val_batches=0,
+        to_dict(cfg.trainer), max_steps=len(batches), max_epochs=-1, limit_val_batches=0,
         num_sanity_val_steps=0, enable_checkpointing=False, logger=False,
         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0,
         precision="32-true", callbacks=[timer],
@@ -202,7 +202,7 @@ def fit_lightning(
 
 def fit_plain(system: LMSystem, batches: list[torch.Tensor]) -> tuple[float, float]:
     """Seconds and last loss of a plain loop with the system's optimizer and schedule."""
-    configured = configure_adamw(system, len(batches), **system.optim)
+    configured = system.optim.configure(system, len(batches))
     optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
     system.train()
     device = next(system.parameters()).device
@@ -227,7 +227,7 @@ def speed(args: argparse.Namespace, overrides: list[str], directory: Path) -> st
     data = run.build_datamodule(cfg)
     loader = iter(data.train_dataloader())
     batches = [next(loader) for _ in range(steps)]
-    lightning_system = run.build_system(cfg, data)
+    lightning_system = run.build_system(run.Plan.from_config(cfg), data)
     plain_system = copy.deepcopy(lightning_system)
     initial = copy.deepcopy(lightning_system.state_dict())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # accelerator=auto

@@ -23,6 +23,7 @@ from attnlab.config.build import build, own_class
 from attnlab.config.options import CONF_DIR, causal_only, options, shrink, variant
 from attnlab.errors import ConfigError
 from attnlab.shape import StackShape
+from attnlab.systems.optim import Optim
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -47,6 +48,11 @@ def train_py(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
 CAUSAL_PES = options("pe")
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 
+# a system's optimizer where a test builds one without a task's config
+OPTIM = Optim(
+    lr=1e-3, weight_decay=0.01, betas=(0.9, 0.98), eps=1e-8, warmup_steps=100,
+    schedule="cosine", min_lr_ratio=0.0,
+)  # fmt: skip
 SHAPE = StackShape(d_model=16, n_heads=2, head_dim=8, value_dim=8, n_layers=2, causal=False)
 
 

@@ -71,9 +71,10 @@ def test_a_save_killed_halfway_leaves_the_previous_checkpoint_whole(tmp_path):
 
 
 def test_training_writes_checkpoints_through_the_atomic_io(make_config):
+    from attnlab.config.build import to_dict
     from attnlab.runner.run import build_trainer
 
-    trainer = build_trainer(make_config(["model=tiny"]))
+    trainer = build_trainer(to_dict(make_config(["model=tiny"])))
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
 
 

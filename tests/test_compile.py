@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from attnlab.runner.run import build_datamodule, build_system
+from attnlab.runner.run import Plan, build_datamodule, build_system
 from attnlab.tasks.probe import probe_example
 
 
@@ -17,7 +17,7 @@ def test_a_compiled_network_gives_the_eager_outputs_gradients_and_parameter_name
         ["task=probe", "model=tiny", "model.dropout=0.0", "pe=t5", "norm=l2", "model.compile=true"]
     )
     torch.manual_seed(0)
-    system = build_system(cfg, build_datamodule(cfg))
+    system = build_system(Plan.from_config(cfg), build_datamodule(cfg))
     eager = copy.deepcopy(system.net)
     system.configure_model()
     compiling = []

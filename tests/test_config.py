@@ -6,12 +6,13 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, compose_config, task_data
+from helpers import OPTIM, ROOT, compose_config, task_data
 from hydra.core.hydra_config import HydraConfig
 
 from attnlab.config.build import build, to_dict
 from attnlab.config.options import COMPOSED_ALONE, options, variant
 from attnlab.errors import ConfigError
+from attnlab.model.architecture import Architecture
 
 GROUPS = [
     "task", "pe", "norm", "synthesizer", "block", "model", "trainer", "logger", "callbacks",
@@ -155,8 +156,9 @@ def test_scoring_more_probe_positions_than_the_model_predicts_is_one_sentence():
     }  # fmt: skip
     assert set(architecture) == set(ARCHITECTURE)
     system = TaggerSystem(
-        architecture, {}, ProbeDataModule.vocab_size, num_classes=16, causal=False
-    )
+        Architecture.from_config(architecture), OPTIM, ProbeDataModule.vocab_size, num_classes=16,
+        causal=False,
+    )  # fmt: skip
     system.check_lengths(task_data("probe", max_len=16, eval_max_len=16))
     with pytest.raises(
         ConfigError, match=r"positions up to 32 but the model predicts positions 1\.\.16"

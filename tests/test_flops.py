@@ -8,7 +8,6 @@ import pytest
 from attnlab.flops import flops_per_token, multiplying_parameters, peak_flops
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
-from attnlab.runner import run
 
 
 @pytest.mark.parametrize("pe", ["learned", "rope"])
@@ -17,7 +16,7 @@ def test_flops_per_token_is_nanogpts_count_for_a_gpt(make_config, pe):
     if pe != "learned":
         overrides.append("~pe.max_len")
     cfg = make_config(overrides)
-    arch = Architecture.from_config(run.architecture_nodes(cfg))
+    arch = Architecture.from_config(cfg)
     net = DecoderLM(arch.model, arch.attention, 65)
     every = sum(p.numel() for p in net.parameters())
     position_table = 64 * 128 if pe == "learned" else 0  # nanoGPT's N leaves out wpe alone

@@ -16,13 +16,12 @@ from attnlab.model.gau import GAUBlock
 from attnlab.model.standard import TransformerBlock
 from attnlab.model.transformer import DecoderLM, EncoderDecoder, Stack
 from attnlab.runner.fsdp import layer_classes
-from attnlab.runner.run import architecture_nodes
 
 
 def network(tmp_path, causal: bool, *overrides: str) -> torch.nn.Module:
     task = "task=lm" if causal else "task=multi30k"
     cfg = compose_config([task, *overrides], tmp_path)
-    arch = Architecture.from_config(architecture_nodes(cfg))
+    arch = Architecture.from_config(cfg)
     if causal:
         return DecoderLM(arch.model, arch.attention, 50)
     return EncoderDecoder(arch.model, arch.attention, 50, 50, joint_vocab=False)

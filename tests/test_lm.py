@@ -32,7 +32,7 @@ from attnlab.data.stream import (
 from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
-from attnlab.runner.run import build_system
+from attnlab.runner.run import Plan, build_system
 from attnlab.runner.train import train
 
 
@@ -153,7 +153,7 @@ def test_every_length_and_both_windowings_match_a_naive_loop_in_float64(make_con
     data = build(cfg.task.data)
     data.restore({"lm_tokenizer": {"kind": "char", "model": data.tokenizer.serialized()}}, "test")
     torch.manual_seed(0)
-    system = build_system(cfg, data).double().eval()
+    system = build_system(Plan.from_config(cfg), data).double().eval()
     with torch.no_grad():
         for batch in data.test_dataloader():
             system._accumulate(batch)
@@ -336,11 +336,11 @@ def test_a_missing_or_damaged_stored_tokenizer_is_one_sentence(stored):
 def test_validation_samples_need_a_prompt(make_config, tmp_path):
     cfg = make_config(lm_overrides(tmp_path, "task.system.sample_prompt=''"))
     with pytest.raises(ConfigError, match="sample_prompt='' gives validation samples nothing"):
-        build_system(cfg, build(cfg.task.data))
+        build_system(Plan.from_config(cfg), build(cfg.task.data))
     cfg = make_config(
         lm_overrides(tmp_path, "task.system.sample_prompt=''", "task.system.samples=0")
     )
-    assert build_system(cfg, build(cfg.task.data)).samples == 0
+    assert build_system(Plan.from_config(cfg), build(cfg.task.data)).samples == 0
 
 
 def test_a_text_shorter_than_one_training_window_says_what_it_needs(make_config, tmp_path):

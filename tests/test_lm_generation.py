@@ -104,7 +104,7 @@ def save_lm_checkpoint(
         "sample_prompt": "\n",
     }
     torch.manual_seed(0)
-    system = LMSystem(**hyperparameters, tokenizer=tokenizer)
+    system = LMSystem(**LMSystem.arguments(hyperparameters), tokenizer=tokenizer)
     checkpoint = {
         "state_dict": system.state_dict(),
         "hyper_parameters": hyperparameters,

@@ -19,7 +19,7 @@ from test_lm_generation import save_lm_checkpoint
 from attnlab.commands.generate import load_language_model
 from attnlab.config.build import build
 from attnlab.errors import ConfigError
-from attnlab.runner.run import build_system
+from attnlab.runner.run import Plan, build_system
 from attnlab.runner.train import train
 
 
@@ -36,7 +36,7 @@ def test_uniform_attention_gives_the_first_token_its_share_at_every_length(make_
     data = build(cfg.task.data)
     data.prepare_data()
     data.setup("test")
-    system = build_system(cfg, data)
+    system = build_system(Plan.from_config(cfg), data)
     with torch.no_grad():  # q = k = 0: every score 0, every row uniform
         for block in system.net.stack.blocks:
             q_and_k = sum(block.self_attn.widths[:2])
@@ -66,7 +66,7 @@ def test_a_run_logs_the_sink_of_every_length_and_none_by_default(make_config, tm
 def test_a_negative_number_of_windows_is_one_sentence(make_config, tmp_path):
     cfg = make_config(lm_overrides(tmp_path, "task.system.sink_windows=-1"))
     with pytest.raises(ConfigError, match="sink_windows"):
-        build_system(cfg, build(cfg.task.data))
+        build_system(Plan.from_config(cfg), build(cfg.task.data))
 
 
 def test_a_checkpoint_written_before_the_option_existed_still_loads(make_config, tmp_path):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
+from helpers import OPTIM
 
 from attnlab.errors import ConfigError
-from attnlab.systems.optim import configure_adamw, lr_factor
+from attnlab.systems.optim import lr_factor
 
 
 def test_warmup_rises_linearly_to_the_peak():
@@ -30,8 +32,8 @@ def test_inverse_square_root_after_warmup():
 
 def test_weight_decay_applies_to_matrices_only_and_bad_schedules_are_refused():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
-    groups = configure_adamw(model, 10, weight_decay=0.1)["optimizer"].param_groups
+    groups = replace(OPTIM, weight_decay=0.1).configure(model, 10)["optimizer"].param_groups
     decayed = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
     assert decayed == {id(model[0].weight)}
     with pytest.raises(ConfigError, match=r"optim\.schedule='cosin'"):
-        configure_adamw(model, 10, schedule="cosin")
+        replace(OPTIM, schedule="cosin")

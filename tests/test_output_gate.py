@@ -15,7 +15,6 @@ from attnlab.attention.layer import Attention, KVCache
 from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM, attention_mask
-from attnlab.runner.run import architecture_nodes
 from attnlab.tensors import split_heads
 
 CAUSAL = replace(SHAPE, causal=True)
@@ -81,5 +80,5 @@ def test_gate_weights_of_zero_halve_every_head():
 def test_a_gate_that_does_not_apply_is_one_sentence(overrides, message, tmp_path):
     cfg = compose_config(["task=lm", "model=tiny", *overrides], tmp_path)
     with pytest.raises(ConfigError, match=message):
-        arch = Architecture.from_config(architecture_nodes(cfg))
+        arch = Architecture.from_config(cfg)
         DecoderLM(arch.model, arch.attention, 20)

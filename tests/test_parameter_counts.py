@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import OPTIM
 
 from attnlab.config.options import causal_only, options, variant
-from attnlab.model.architecture import AttentionConfig, ModelConfig
+from attnlab.model.architecture import Architecture, AttentionConfig, ModelConfig
 from attnlab.model.transformer import EncoderDecoder, Tagger
 from attnlab.systems.base import parameter_counts
 from attnlab.systems.tagger import TaggerSystem
@@ -238,14 +239,16 @@ def test_shared_parameters_are_counted_once():
 
 def test_a_system_counts_its_network_and_nothing_else():
     system = TaggerSystem(
-        architecture={
-            "model": variant("model", "tiny"),
-            "block": variant("block", "standard"),
-            "pe": variant("pe", "learned"),
-            "norm": variant("norm", "softmax"),
-            "synthesizer": variant("synthesizer", "dot"),
-        },
-        optim={},
+        architecture=Architecture.from_config(
+            {
+                "model": variant("model", "tiny"),
+                "block": variant("block", "standard"),
+                "pe": variant("pe", "learned"),
+                "norm": variant("norm", "softmax"),
+                "synthesizer": variant("synthesizer", "dot"),
+            }
+        ),
+        optim=OPTIM,
         vocab_size=VOCAB,
         num_classes=CLASSES,
         causal=False,

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from attnlab.config.build import build
 from attnlab.config.options import causal_only, options, variant
 from attnlab.errors import ConfigError
-from attnlab.runner.run import build_datamodule, build_system
+from attnlab.runner.run import Plan, build_datamodule, build_system
 from attnlab.studies.probe import chance_bound, predict
 from attnlab.tasks.probe import ZERO, probe_example
 
@@ -52,7 +52,7 @@ def spread_of(cfg: DictConfig, perturb_pe: bool = False) -> float:
     starts at C = 1, where it equals its base PE exactly)."""
     torch.manual_seed(0)
     datamodule = build_datamodule(cfg)
-    system = build_system(cfg, datamodule).eval().double()
+    system = build_system(Plan.from_config(cfg), datamodule).eval().double()
     if perturb_pe:
         with torch.no_grad():
             for param in system.net.stack.parts.pe.parameters():

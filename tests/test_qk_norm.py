@@ -16,7 +16,6 @@ from attnlab.attention.layer import Attention
 from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM, EncoderDecoder
-from attnlab.runner.run import architecture_nodes
 from attnlab.tensors import split_heads
 
 CAUSAL = replace(SHAPE, causal=True)
@@ -76,11 +75,11 @@ def test_cross_attention_normalizes_its_heads_too():
 
 def test_off_by_default_and_refused_with_gau(tmp_path):
     cfg = compose_config(["task.causal=true"], tmp_path)
-    assert Architecture.from_config(architecture_nodes(cfg)).model.qk_norm is False
+    assert Architecture.from_config(cfg).model.qk_norm is False
     with pytest.raises(ConfigError, match="block=gau scales its one shared q and k"):
         cfg = compose_config(["block=gau", "model.qk_norm=true"], tmp_path / "gau")
         DecoderLM(
-            Architecture.from_config(architecture_nodes(cfg)).model,
+            Architecture.from_config(cfg).model,
             attention("none", "softmax", "dot"),
             11,
         )

@@ -32,12 +32,12 @@ def test_a_network_too_large_to_train_is_one_sentence_before_any_allocation(
     overrides, sentence, make_config
 ):
     with pytest.raises(ConfigError, match=sentence):
-        run.check_settings(make_config(overrides))
+        run.Plan.from_config(make_config(overrides))
 
 
 @pytest.mark.parametrize("overrides", [[], ["model=tiny", "model.n_layers=5"], ["pe=learned"]])
 def test_the_estimate_is_the_count_of_the_network_built(overrides, make_config):
-    architecture = run.architecture_nodes(make_config(overrides))  # the probe's tagger
+    architecture = make_config(overrides)  # the probe's tagger
     arguments = {"vocab_size": 8, "num_classes": 8, "causal": False}
     estimated = estimated_parameters(
         lambda arch: TaggerSystem.network(arch, **arguments), Architecture.from_config(architecture)

@@ -221,7 +221,7 @@ def test_a_tiny_model_learns_to_copy_at_its_training_lengths(make_config, arch, 
                        "task.data.generator.alphabet=8", "task.data.batch_size=32"])  # fmt: skip
     torch.manual_seed(0)
     data = run.build_datamodule(cfg)
-    system = run.build_system(cfg, data)
+    system = run.build_system(run.Plan.from_config(cfg), data)
     assert validation_accuracy(system, data) < 0.05
     optimizer = torch.optim.AdamW(system.parameters(), lr=3e-3, weight_decay=0.0)
     batches = itertools.cycle(data.train_dataloader())

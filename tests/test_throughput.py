@@ -7,12 +7,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import decode_node
+from helpers import OPTIM, decode_node
 
 from attnlab.config.options import variant
 from attnlab.data.batching import collate
 from attnlab.data.cache import Example
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnlab.decoding.encoder_decoder import DecodeConfig
+from attnlab.model.architecture import Architecture
 from attnlab.runner import callbacks
 from attnlab.runner.callbacks import TokenThroughput
 from attnlab.systems.seq2seq import Seq2SeqSystem
@@ -20,18 +22,30 @@ from attnlab.systems.tagger import TaggerSystem
 from attnlab.tasks.probe import ProbeDataModule, probe_example
 from attnlab.tasks.probe import collate as probe_collate
 
-ARCHITECTURE = {
-    "model": variant("model", "tiny"),
-    "block": variant("block", "standard"),
-    "pe": variant("pe", "sinusoidal"),
-    "norm": variant("norm", "softmax"),
-    "synthesizer": variant("synthesizer", "dot"),
-}
+ARCHITECTURE = Architecture.from_config(
+    {
+        "model": variant("model", "tiny"),
+        "block": variant("block", "standard"),
+        "pe": variant("pe", "sinusoidal"),
+        "norm": variant("norm", "softmax"),
+        "synthesizer": variant("synthesizer", "dot"),
+    }
+)
 
 
 def test_a_translation_batch_counts_the_sources_and_the_decoders_input_but_not_padding():
     system = Seq2SeqSystem(
-        ARCHITECTURE, {}, 20, 20, PAD_ID, BOS_ID, EOS_ID, 0.1, "translation", None, decode_node()
+        ARCHITECTURE,
+        OPTIM,
+        20,
+        20,
+        PAD_ID,
+        BOS_ID,
+        EOS_ID,
+        0.1,
+        "translation",
+        None,
+        DecodeConfig.from_config(decode_node()),
     )
     pairs = [([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11]), ([5, 6], [])]
     batch = collate([Example(np.array(s), np.array(t), "", i) for i, (s, t) in enumerate(pairs)])
@@ -43,7 +57,9 @@ def test_a_translation_batch_counts_the_sources_and_the_decoders_input_but_not_p
 
 
 def test_a_probe_batch_counts_its_tokens_and_markers_but_not_the_padding():
-    system = TaggerSystem(ARCHITECTURE, {}, ProbeDataModule.vocab_size, num_classes=8, causal=False)
+    system = TaggerSystem(
+        ARCHITECTURE, OPTIM, ProbeDataModule.vocab_size, num_classes=8, causal=False
+    )
     batch = probe_collate([probe_example(3, markers=True), probe_example(7, markers=True)])
     assert batch["tokens"].shape == (2, 9)
     assert system.batch_tokens(batch) == (3 + 2) + (7 + 2)

@@ -182,11 +182,13 @@ def test_a_translation_run_logs_sacrebleus_signatures_with_its_config(tmp_path):
     cfg = compose_config(["task=multi30k", "model=tiny", "pe=t5"], tmp_path)
     architecture = {g: to_dict(cfg[g]) for g in ARCHITECTURE}
     settings = {k: v for k, v in to_dict(cfg.task.system).items() if k != "_target_"}
+    arguments = Seq2SeqSystem.arguments(
+        {"architecture": architecture, "optim": to_dict(cfg.task.optim), **settings}
+    )
     system = Seq2SeqSystem(
-        architecture=architecture, optim=to_dict(cfg.task.optim), src_vocab_size=20, tgt_vocab_size=20,
-        pad_id=0, bos_id=1, eos_id=2, **settings,
-    )  # fmt: skip
-    config = logged_config(cfg, system)
+        **arguments, src_vocab_size=20, tgt_vocab_size=20, pad_id=0, bos_id=1, eos_id=2
+    )
+    config = logged_config(to_dict(cfg), system)
     assert config["sacrebleu"]["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
     assert config["sacrebleu"]["chrf"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0")
     assert config["params"]["pe"] == system.parameter_counts()["pe"] > 0
@@ -221,6 +223,7 @@ def test_a_name_and_group_given_are_the_runs(tmp_path):
 def test_the_logged_config_holds_no_file_location_and_one_epoch_budget(tmp_path):
     from types import SimpleNamespace
 
+    from attnlab.config.build import to_dict
     from attnlab.runner.run import logged_config
 
     system = SimpleNamespace(describe=dict)  # what logged_config asks of a system
@@ -228,6 +231,6 @@ def test_the_logged_config_holds_no_file_location_and_one_epoch_budget(tmp_path)
         ["task=multi30k", "task.data.source=local", "task.data.dir=../shared/data/multi30k"],
         tmp_path,
     )
-    assert "dir" not in logged_config(translation, system)["task"]["data"]
-    config = logged_config(compose_config(["trainer.max_epochs=2"], tmp_path), system)
+    assert "dir" not in logged_config(to_dict(translation), system)["task"]["data"]
+    config = logged_config(to_dict(compose_config(["trainer.max_epochs=2"], tmp_path)), system)
     assert config["trainer"]["max_epochs"] == 2 and "max_epochs" not in config["task"]

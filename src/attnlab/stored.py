@@ -272,23 +272,22 @@ def rebuild(system_class: type[S], checkpoint: dict[str, Any], changes: dict[str
     """The system a checkpoint (or export) holds: built from its stored hyperparameters that
     `system_class` takes, with `changes` set over them, then its tokenizers and weights."""
     from attnlab.memory import EVALUATION_BYTES, check_fits
-    from attnlab.model.architecture import Architecture
 
     accepted = inspect.signature(system_class).parameters
     recorded = {**system_class.recorded_before, **checkpoint["hyper_parameters"]}
     stored = {k: v for k, v in recorded.items() if k in accepted}
-    bound = inspect.signature(system_class).bind_partial(**(stored | changes))
-    bound.apply_defaults()
-    arguments = dict(bound.arguments)
-    architecture = arguments.pop("architecture", None)
-    if not isinstance(architecture, dict):
+    if not isinstance(stored.get("architecture"), dict):
         raise ConfigError(
             "the checkpoint's hyperparameters hold no architecture: it was not written by "
             "train.py or attnlab export; pass one that was"
         )
-    network = functools.partial(system_class.network, **arguments)
-    check_fits(network, Architecture.from_config(architecture), EVALUATION_BYTES)
-    system = system_class(**(stored | changes))
+    built = system_class.arguments(stored | changes)
+    bound = inspect.signature(system_class).bind_partial(**built)
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    architecture = arguments.pop("architecture")
+    check_fits(functools.partial(system_class.network, **arguments), architecture, EVALUATION_BYTES)
+    system = system_class(**built)
     system.on_load_checkpoint(checkpoint)
     check_weights(checkpoint["state_dict"], system.state_dict())
     system.load_state_dict(checkpoint["state_dict"])

@@ -19,11 +19,14 @@ nothing). A batch syncs with the host about every CHECK_EVERY steps and once at 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from attnlab.config.build import settings_node
 from attnlab.config.values import is_number, require_counts
 from attnlab.errors import ConfigError
 from attnlab.model.transformer import EncoderDecoder
@@ -50,6 +53,13 @@ class DecodeConfig:
     max_len_b: int
     max_len: int  # an absolute cap on hypotheses, in tokens, whatever the source length
     cache: bool = True  # reuse keys and values of earlier steps (False: recompute, for tests)
+
+    @classmethod
+    def from_config(cls, node: Mapping[str, Any]) -> DecodeConfig:
+        return settings_node(cls, "decode", node)
+
+    def as_data(self) -> dict[str, Any]:
+        return asdict(self)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:

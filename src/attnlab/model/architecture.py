@@ -3,6 +3,7 @@ of a run."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
@@ -167,6 +168,7 @@ class Architecture:
 
     model: ModelConfig
     attention: AttentionConfig
+    nodes: dict[str, dict[str, Any]] = field(compare=False, repr=False)  # what it was built from
 
     @classmethod
     def from_config(cls, nodes: Mapping[str, Mapping]) -> Architecture:
@@ -174,7 +176,13 @@ class Architecture:
         missing = [group for group in ARCHITECTURE if group not in nodes]
         if missing:
             raise ConfigError(f"the architecture has no {', '.join(missing)} config node")
+        plain = {group: copy.deepcopy(to_dict(nodes[group])) for group in ARCHITECTURE}
         return cls(
-            ModelConfig.from_config(nodes["model"], nodes["block"]),
-            AttentionConfig.from_config(nodes["pe"], nodes["norm"], nodes["synthesizer"]),
+            ModelConfig.from_config(plain["model"], plain["block"]),
+            AttentionConfig.from_config(plain["pe"], plain["norm"], plain["synthesizer"]),
+            plain,
         )
+
+    def as_data(self) -> dict[str, dict[str, Any]]:
+        """The config nodes it was built from, as a checkpoint holds them."""
+        return copy.deepcopy(self.nodes)

@@ -48,25 +48,26 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     run.quiet_library_noise()
     if cfg.extras.print_config:
         run.print_config(cfg)
-    datamodule = run.build_datamodule(cfg)
-    checkpoint = read_checkpoint(cfg.ckpt_path)
-    config = to_dict(cfg)
+    config = to_dict(cfg)  # the config as data, once
+    datamodule = run.build_datamodule(config)
+    checkpoint = read_checkpoint(config["ckpt_path"])
     changeable = evaluation_options(config)
     check_same_model(config, checkpoint[RECORD_KEY]["config"], "eval.py", changeable)
-    datamodule.restore(checkpoint, STAGES[cfg.split])
-    system_class = own_class(cfg.task.system._target_)
-    settings = {k: v for k, v in to_dict(cfg.task.system).items() if k != "_target_"}
+    datamodule.restore(checkpoint, STAGES[config["split"]])
+    settings = dict(config["task"]["system"])
+    system_class = own_class(settings.pop("_target_"))
     if changeable:
         architecture = checkpoint["hyper_parameters"]["architecture"]
         settings["architecture"] = with_settings(architecture, changeable)
     system = rebuild(system_class, checkpoint, settings)
     system.check_lengths(datamodule)
-    trainer = run.build_trainer(cfg)
-    method = trainer.test if cfg.split == "test" else trainer.validate
+    trainer = run.build_trainer(config)
+    method = trainer.test if config["split"] == "test" else trainer.validate
     with run.closing_loggers(trainer):
         (results,) = method(system, datamodule, verbose=False)
     metrics = run.scalar_metrics(results)
-    run.report(run.summary(cfg, system.parameter_counts(), metrics, run.resolve_output_dir(cfg)))
+    output_dir = run.resolve_output_dir(config)
+    run.report(run.summary(config, system.parameter_counts(), metrics, output_dir))
     return metrics
 
 

@@ -10,6 +10,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +22,18 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.config.build import MACHINERY, build, own_class, settings_node, to_dict
+from attnlab.config.build import MACHINERY, build, check_complete, own_class, to_dict
 from attnlab.config.groups import ARCHITECTURE, DESCRIPTIVE, OUTPUT, REPORTING
 from attnlab.data.task import TaskData
 from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.errors import ConfigError  # fmt: skip
 from attnlab.logger.wandb import WandbLogger
+from attnlab.model.architecture import Architecture
 from attnlab.runner.callbacks import ScoredExamples, ValidateAtEnd
 from attnlab.runner.checkpoints import LatestCheckpoint
 from attnlab.runner.job import is_sweep_job
 from attnlab.systems.base import System
-from attnlab.systems.optim import check_optim
+from attnlab.systems.optim import Optim
 
 log = logging.getLogger(__name__)
 
@@ -69,38 +71,41 @@ def command_line_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
 
 
-def architecture_nodes(cfg: DictConfig) -> dict[str, dict[str, Any]]:
-    """The config nodes a network is built from (ARCHITECTURE), as plain data."""
-    return {group: to_dict(cfg[group]) for group in ARCHITECTURE}
+@dataclass(frozen=True)
+class Plan:
+    """What a training run's system is built from, made of the composed config once and
+    checked before any data is read: the network built on the meta device (every variant
+    against its stack's shape), the optimizer and decoding settings."""
+
+    config: dict[str, Any]  # the whole config, resolved, as plain data
+    system_class: type[System]
+    arguments: dict[str, Any]  # the system's, but for what the data gives (its vocabulary)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig | dict[str, Any]) -> Plan:
+        config = to_dict(cfg)
+        system = dict(config["task"]["system"])
+        system_class = own_class(system.pop("_target_"))
+        decode = DecodeConfig.from_config(config["decode"])  # checked whoever decodes
+        made = {
+            "architecture": Architecture.from_config({g: config[g] for g in ARCHITECTURE}),
+            "optim": Optim.from_config(config["task"]["optim"]),
+            **({"decode": decode} if "decode" in system else {}),
+        }
+        system_class.check_network(made["architecture"], system)
+        return cls(config, system_class, {**system, **made})
 
 
-def check_settings(cfg: DictConfig) -> dict[str, dict[str, Any]]:
-    """The architecture (the network built on the meta device, every variant against its
-    stack's shape), optimizer and decoding settings, checked before any data is read; the
-    architecture's nodes, for the system built once the data gave it its vocabulary."""
-    architecture = architecture_nodes(cfg)
-    system = to_dict(cfg.task.system)
-    own_class(system.pop("_target_")).check_network(architecture, system)
-    check_optim(**to_dict(cfg.task.optim))
-    settings_node(DecodeConfig, "decode", to_dict(cfg.decode))
-    return architecture
+def build_datamodule(config: DictConfig | dict[str, Any]) -> TaskData:
+    return build(config["task"]["data"])
 
 
-def build_datamodule(cfg: DictConfig) -> TaskData:
-    return build(cfg.task.data)
-
-
-def build_system(
-    cfg: DictConfig, datamodule: TaskData, architecture: dict[str, dict[str, Any]] | None = None
-) -> System:
-    """The task's system for `datamodule`, from `architecture` (check_settings' nodes) or else
-    the config's."""
-    system = build(
-        cfg.task.system,
-        architecture=architecture or architecture_nodes(cfg),
-        optim=to_dict(cfg.task.optim),
-        **datamodule.model_kwargs(),
-    )
+def build_system(plan: Plan, datamodule: TaskData) -> System:
+    """The plan's system for `datamodule`, which gives it its vocabulary."""
+    given = datamodule.model_kwargs()
+    label = f"{plan.system_class.__module__}.{plan.system_class.__name__}"
+    check_complete(label, plan.system_class, plan.arguments, given)
+    system = plan.system_class(**plan.arguments, **given)
     system.check_lengths(datamodule)
     return system
 
@@ -146,28 +151,29 @@ def accumulate_for(trainer: L.Trainer, datamodule: TaskData) -> None:
     trainer.accumulate_grad_batches = batches
 
 
-def build_trainer(cfg: DictConfig, extra_callbacks: list[L.Callback] = ()) -> L.Trainer:
+def build_trainer(config: dict[str, Any], extra_callbacks: list[L.Callback] = ()) -> L.Trainer:
     """The trainer with the config's loggers and callbacks, `extra_callbacks`, and the two
     every run has: validation of the final weights, and the count of examples scored."""
-    check_accelerator(str(cfg.trainer.get("accelerator", "auto")))
-    loggers = [build(node, MACHINERY) for node in (cfg.get("logger") or {}).values()]
-    sweep_job = in_sweep() or is_sweep_job(Path(resolve_output_dir(cfg)))
-    callbacks = [build_callback(node, sweep_job) for node in (cfg.get("callbacks") or {}).values()]
+    check_accelerator(str(config["trainer"].get("accelerator", "auto")))
+    loggers = [build(node, MACHINERY) for node in (config.get("logger") or {}).values()]
+    sweep_job = in_sweep() or is_sweep_job(Path(resolve_output_dir(config)))
+    nodes = (config.get("callbacks") or {}).values()
+    callbacks = [build_callback(node, sweep_job) for node in nodes]
     if not loggers:  # (~logger) Lightning refuses a LearningRateMonitor with nothing to log to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     always = [ValidateAtEnd(), ScoredExamples()]
     trainer = trainer_from(
-        cfg.trainer, logger=loggers, callbacks=[*callbacks, *always, *extra_callbacks]
+        config["trainer"], logger=loggers, callbacks=[*callbacks, *always, *extra_callbacks]
     )
     trainer.callbacks = state_savers_last(trainer.callbacks)
     return trainer
 
 
-def build_callback(node: DictConfig, sweep_job: bool) -> L.Callback:
+def build_callback(node: dict[str, Any], sweep_job: bool) -> L.Callback:
     """A callback of the config; callbacks.latest's keep_when_done null is decided by the
     kind of run: a job of a -m sweep drops its training state when done, a single run not."""
-    if "keep_when_done" in node and node.keep_when_done is None:
-        return build({**to_dict(node), "keep_when_done": not sweep_job}, MACHINERY)
+    if "keep_when_done" in node and node["keep_when_done"] is None:
+        return build({**node, "keep_when_done": not sweep_job}, MACHINERY)
     return build(node, MACHINERY)
 
 
@@ -178,12 +184,11 @@ def state_savers_last(callbacks: list[L.Callback]) -> list[L.Callback]:
     return sorted(callbacks, key=lambda callback: isinstance(callback, LatestCheckpoint))
 
 
-def trainer_from(node: DictConfig, **settings: Any) -> L.Trainer:
+def trainer_from(node: dict[str, Any], **settings: Any) -> L.Trainer:
     """Lightning's Trainer of the trainer node, its nested nodes (plugins, a profiler) built
     first, and `settings` over it."""
-    params = to_dict(node)
-    nested = {key: built(value) for key, value in params.items() if is_node(value)}
-    rest = {key: value for key, value in params.items() if key not in nested}
+    nested = {key: built(value) for key, value in node.items() if is_node(value)}
+    rest = {key: value for key, value in node.items() if key not in nested}
     return build(rest, MACHINERY, **(nested | settings))
 
 
@@ -219,11 +224,11 @@ def _portable(node: Any) -> Any:
     return node
 
 
-def logged_config(cfg: DictConfig, system: System) -> dict[str, Any]:
+def logged_config(config: dict[str, Any], system: System) -> dict[str, Any]:
     """What loggers and dashboards record of a run: the resolved config with the groups at
     the top level (pe, norm, synthesizer, task, model, optim, trainer, ...) and what the
     system reports about itself (parameter counts; for translation, sacreBLEU's signature)."""
-    config = _portable({k: v for k, v in to_dict(cfg).items() if k not in NOT_LOGGED})
+    config = _portable({k: v for k, v in config.items() if k not in NOT_LOGGED})
     config["optim"] = config["task"].pop("optim")
     config["task"].pop("max_epochs", None)  # trainer.max_epochs holds what the run used
     return {**config, **system.describe()}
@@ -252,11 +257,11 @@ def in_sweep() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def check_sweep_devices(cfg: DictConfig) -> None:
+def check_sweep_devices(config: dict[str, Any]) -> None:
     """A -m sweep runs one device per job: Lightning's DDP starts the extra processes by
     running this script's command line again, which would start the whole sweep again.
     Submitit (hydra/launcher=slurm) starts every process itself, so it may use several."""
-    devices = cfg.trainer.get("devices", 1)
+    devices = config["trainer"].get("devices", 1)
     if not in_sweep() or devices in (1, "1") or "submitit" in HydraConfig.get().launcher._target_:
         return
     raise ConfigError(
@@ -267,7 +272,7 @@ def check_sweep_devices(cfg: DictConfig) -> None:
 
 
 def summary(
-    cfg: DictConfig, counts: dict[str, int], metrics: dict[str, float], run_dir: str
+    config: dict[str, Any], counts: dict[str, int], metrics: dict[str, float], run_dir: str
 ) -> str:
     """The short report a run ends with."""
     shown = {
@@ -278,10 +283,11 @@ def summary(
     width = max(len(k) for k in ["synthesizer", *shown])
     parts = ", ".join(f"{k} {v:,}" for k, v in counts.items() if k != "total")
     design = {
-        "task": cfg.task.name, "pe": cfg.pe.name, "norm": cfg.norm.name,
-        "synthesizer": cfg.synthesizer.name, "block": cfg.block.name,
+        "task": config["task"]["name"],
+        **{group: config[group]["name"] for group in ("pe", "norm", "synthesizer", "block")},
         # the task's own switches of the stack, where it has them (the probe's)
-        **{key: str(cfg.task[key]).lower() for key in ("markers", "causal") if key in cfg.task},
+        **{key: str(config["task"][key]).lower() for key in ("markers", "causal")
+           if key in config["task"]},
     }  # fmt: skip
     lines = [
         *(f"{k:<{width}}  {v}" for k, v in design.items()),
@@ -311,8 +317,8 @@ def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items()}
 
 
-def resolve_output_dir(cfg: DictConfig) -> str:
-    return str(Path(cfg.paths.output_dir).resolve())
+def resolve_output_dir(config: DictConfig | dict[str, Any]) -> str:
+    return str(Path(config["paths"]["output_dir"]).resolve())
 
 
 def config_tree(cfg: DictConfig, color: bool) -> str:

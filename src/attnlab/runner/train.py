@@ -19,12 +19,11 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig
 
-from attnlab.config.build import to_dict
 from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
 from attnlab.errors import ConfigError, Diverged, MachineError, check_writable, refused_by_machine
@@ -65,38 +64,39 @@ def train(cfg: DictConfig) -> dict[str, float]:
         run.print_config(cfg)
     with status.tracking(Path(output_dir), enabled=first, resumed=resuming) as tracker:
         run.save_config_tree(cfg, output_dir)
-        run.check_sweep_devices(cfg)
-        architecture = run.check_settings(cfg)
-        L.seed_everything(cfg.seed, workers=True)
-        datamodule = run.build_datamodule(cfg)
-        if cfg.test and not datamodule.has_split("test"):
+        plan = run.Plan.from_config(cfg)  # the config as data, checked before any data is read
+        config = plan.config
+        run.check_sweep_devices(config)
+        L.seed_everything(config["seed"], workers=True)
+        datamodule = run.build_datamodule(config)
+        if config["test"] and not datamodule.has_split("test"):
             raise ConfigError(
                 "the data has no test split: pass test=false (and evaluate split=val with eval.py)"
             )
-        if cfg.ckpt_path is not None:
-            stored = read_checkpoint(cfg.ckpt_path)[RECORD_KEY]["config"]
-            check_same_model(to_dict(cfg), stored, "train.py ckpt_path=...")
-        system = run.build_system(cfg, datamodule, architecture)
+        if config["ckpt_path"] is not None:
+            stored = read_checkpoint(config["ckpt_path"])[RECORD_KEY]["config"]
+            check_same_model(config, stored, "train.py ckpt_path=...")
+        system = run.build_system(plan, datamodule)
         counts = system.parameter_counts()
         tracker.update(params=counts["total"])
-        overrides = absolute_locations(run.command_line_overrides(), cfg.paths.root_dir)
-        record = RunRecord(overrides, to_dict(cfg))
-        trainer = run.build_trainer(cfg, [record])
+        overrides = absolute_locations(run.command_line_overrides(), config["paths"]["root_dir"])
+        record = RunRecord(overrides, config)
+        trainer = run.build_trainer(config, [record])
         run.accumulate_for(trainer, datamodule)
         tracker.update(device=run.device_name(trainer.strategy.root_device))
         try:
             with run.closing_loggers(trainer):
-                run.log_hyperparameters(trainer, run.logged_config(cfg, system))
-                metrics = fit_and_test(cfg, trainer, system, datamodule)
+                run.log_hyperparameters(trainer, run.logged_config(config, system))
+                metrics = fit_and_test(config, trainer, system, datamodule)
         finally:
             tracker.update(steps=trainer.global_step)
     if first:
-        run.report(run.summary(cfg, counts, metrics, output_dir))
+        run.report(run.summary(config, counts, metrics, output_dir))
     return metrics
 
 
 def fit_and_test(
-    cfg: DictConfig, trainer: L.Trainer, system: System, datamodule: L.LightningDataModule
+    config: dict[str, Any], trainer: L.Trainer, system: System, datamodule: L.LightningDataModule
 ) -> dict[str, float]:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -106,17 +106,17 @@ def fit_and_test(
 
     metrics: dict[str, float] = {}
     checkpoint = best_checkpoint(trainer)
-    if cfg.train:
-        fit(trainer, system, datamodule, cfg.ckpt_path)
+    if config["train"]:
+        fit(trainer, system, datamodule, config["ckpt_path"])
         # a SIGTERM after fit's last look at it, which trainer.test would forget: the state is
         # saved (on_train_end), and the resumed run tests
         stop = trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False)
-        if stop and cfg.test:
+        if stop and config["test"]:
             raise SIGTERMException
         metrics.update(averaged_over_ranks(trainer, run.scalar_metrics(trainer.callback_metrics)))
         if checkpoint is not None and checkpoint.best_model_score is not None:
-            metrics[f"best/{cfg.optimized_metric}"] = float(checkpoint.best_model_score)
-    if cfg.test:
+            metrics[f"best/{config['optimized_metric']}"] = float(checkpoint.best_model_score)
+    if config["test"]:
         best = checkpoint.best_model_path if checkpoint is not None else ""
         if not best:
             log.warning("no best checkpoint was saved: testing the final weights")
@@ -125,7 +125,7 @@ def fit_and_test(
                 logger.drop_tests()  # a run killed after its test tests again, whole
         (results,) = trainer.test(system, datamodule, ckpt_path=best or None, verbose=False)
         metrics.update(run.scalar_metrics(results))
-    if cfg.train:
+    if config["train"]:
         for callback in trainer.callbacks:
             if isinstance(callback, LatestCheckpoint):
                 callback.drop(trainer)

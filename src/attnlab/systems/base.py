@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from attnlab.config.build import check_options
 from attnlab.data.task import TaskData
+from attnlab.errors import ConfigError
 from attnlab.flops import flops_per_token
 from attnlab.memory import TRAINING_BYTES, check_fits
 from attnlab.model.architecture import Architecture
@@ -23,7 +24,7 @@ from attnlab.norm.base import Normalizer
 from attnlab.pe.base import PositionalEncoding
 from attnlab.stored import RECORD_KEY
 from attnlab.synthesizer.base import Synthesizer
-from attnlab.systems.optim import check_optim, configure_adamw
+from attnlab.systems.optim import Optim
 
 PART_TYPES = {"pe": PositionalEncoding, "synthesizer": Synthesizer, "norm": Normalizer}
 # what the data gives a system (vocabulary and class counts), before any data is read
@@ -45,21 +46,54 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
     return counts
 
 
+@runtime_checkable
+class Settings(Protocol):
+    """Settings a system is built with, made from a config node and checked once; a
+    checkpoint holds them as data."""
+
+    @classmethod
+    def from_config(cls, node: Mapping[str, Any]) -> Settings: ...
+
+    def as_data(self) -> dict[str, Any]: ...
+
+
 class System(L.LightningModule):
     net: nn.Module  # the network the subclass builds from `architecture`
     run_record: dict[str, Any] | None = None  # the run's overrides and config (RunRecord)
     # options added after runs were recorded, with the value that does what those runs did:
     # a checkpoint whose hyperparameters lack one is rebuilt with it (attnlab.stored.rebuild)
     recorded_before: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    # the constructor's arguments that are Settings, by name, and their types
+    settings: ClassVar[Mapping[str, type[Settings]]] = MappingProxyType(
+        {"architecture": Architecture, "optim": Optim}
+    )
 
-    def __init__(self, architecture: dict, optim: dict) -> None:
+    def __init__(self, architecture: Architecture, optim: Optim) -> None:
         super().__init__()
-        # the subclass's arguments too; loggers get the run's config instead (train.py), and
-        # tokenizers go into checkpoints as bytes (the systems' on_save_checkpoint)
+        # the subclass's arguments too, Settings as data; loggers get the run's config instead
+        # (train.py), and tokenizers go into checkpoints as bytes (on_save_checkpoint)
         self.save_hyperparameters(logger=False, ignore=["tokenizers", "tokenizer"])
-        check_optim(**optim)  # before any work, not when training starts
-        self.optim = dict(optim)
-        self.architecture = Architecture.from_config(architecture)
+        for name in self.settings:
+            self.hparams[name] = self.hparams[name].as_data()
+        self.optim = optim
+        self.architecture = architecture
+
+    @classmethod
+    def arguments(cls, hyperparameters: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor's arguments from `hyperparameters` (a checkpoint's, as data):
+        its Settings made from their nodes, with what runs recorded before a setting existed
+        ran with."""
+        return {name: cls.setting(name, value) for name, value in hyperparameters.items()}
+
+    @classmethod
+    def setting(cls, name: str, value: Any) -> Any:
+        """Argument `name` of the constructor from its value as data (a checkpoint's)."""
+        kind = cls.settings.get(name)
+        if kind is None or isinstance(value, kind):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"the stored {name} {value!r} is not a node of settings")
+        return kind.from_config({**getattr(kind, "recorded_before", {}), **value})
 
     @classmethod
     def network(cls, architecture: Architecture, **arguments: Any) -> nn.Module:
@@ -68,7 +102,7 @@ class System(L.LightningModule):
         raise NotImplementedError
 
     @classmethod
-    def check_network(cls, architecture: dict, settings: Mapping[str, Any]) -> None:
+    def check_network(cls, architecture: Architecture, settings: Mapping[str, Any]) -> None:
         """Build the network on the meta device (no memory, no values) with a stand-in
         vocabulary and the task's `settings`: every variant is built against the shape of
         the stack it sits in, and refuses a bad setting, before any data is read; a network
@@ -78,10 +112,9 @@ class System(L.LightningModule):
         stand_in = {k: v for k, v in STAND_IN.items() if k in accepted}
         bound = inspect.signature(cls).bind_partial(**(stand_in | settings))
         bound.apply_defaults()
-        full = Architecture.from_config(architecture)
-        check_fits(lambda arch: cls.network(arch, **bound.arguments), full, TRAINING_BYTES)
+        check_fits(lambda arch: cls.network(arch, **bound.arguments), architecture, TRAINING_BYTES)
         with torch.device("meta"):
-            cls.network(full, **bound.arguments)
+            cls.network(architecture, **bound.arguments)
 
     def configure_model(self) -> None:
         """With model.compile, torch.compile the network's forward in place (parameter
@@ -95,7 +128,7 @@ class System(L.LightningModule):
             checkpoint[RECORD_KEY] = self.run_record
 
     def configure_optimizers(self) -> dict:
-        return configure_adamw(self, int(self.trainer.estimated_stepping_batches), **self.optim)
+        return self.optim.configure(self, int(self.trainer.estimated_stepping_batches))
 
     def parameter_counts(self) -> dict[str, int]:
         return parameter_counts(self)

@@ -42,6 +42,7 @@ from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM
 from attnlab.plots import lm_length_figures, save
 from attnlab.systems.base import System
+from attnlab.systems.optim import Optim
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)
@@ -49,16 +50,17 @@ LN2 = math.log(2)
 
 class LMSystem(System):
     recorded_before = MappingProxyType({"sink_windows": 0})
+    settings = MappingProxyType({**System.settings, "decode": DecodeConfig})
 
     def __init__(
         self,
-        architecture: dict,
-        optim: dict,
+        architecture: Architecture,
+        optim: Optim,
         vocab_size: int,
         samples: int,
         sample_prompt: str,
         sample_tokens: int,
-        decode: dict,
+        decode: DecodeConfig,
         sink_windows: int,
         tokenizer: StreamTokenizer | None = None,
     ) -> None:
@@ -72,7 +74,7 @@ class LMSystem(System):
             )
         self.tokenizer = tokenizer  # from the data; from the checkpoint when loaded
         self.net = self.network(self.architecture, vocab_size=vocab_size)
-        self.decode_config = DecodeConfig(**decode)
+        self.decode_config = decode
         self.samples, self.sample_prompt, self.sample_tokens = samples, sample_prompt, sample_tokens
         self.not_applicable: list[int] = []
         self.sums: dict[tuple[str, int], Tensor] = {}  # (mode, L) -> [nll, tokens], float64

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import EncoderDecoder
 from attnlab.systems.base import System
+from attnlab.systems.optim import Optim
 
 log = logging.getLogger(__name__)
 SAMPLES = 3  # (source, reference, hypothesis) triples logged per validation
@@ -50,10 +52,12 @@ def gather_objects(items: list) -> list:
 
 
 class Seq2SeqSystem(System):
+    settings = MappingProxyType({**System.settings, "decode": DecodeConfig})
+
     def __init__(
         self,
-        architecture: dict,
-        optim: dict,
+        architecture: Architecture,
+        optim: Optim,
         src_vocab_size: int,
         tgt_vocab_size: int,
         pad_id: int,
@@ -62,7 +66,7 @@ class Seq2SeqSystem(System):
         label_smoothing: float,
         scores: str,
         val_generate: int | None,
-        decode: dict,
+        decode: DecodeConfig,
         joint_vocab: bool = True,
         tokenizers: Tokenizers | None = None,
     ) -> None:
@@ -72,7 +76,7 @@ class Seq2SeqSystem(System):
             self.architecture, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
             joint_vocab=joint_vocab,
         )  # fmt: skip
-        self.decode_config = DecodeConfig(**decode)
+        self.decode_config = decode
         if scores not in SCORERS:
             raise ConfigError(f"task.system.scores={scores!r} is not one of: {', '.join(SCORERS)}")
         if val_generate is not None:

@@ -30,6 +30,7 @@ from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM, EncoderDecoder
 from attnlab.systems.base import System
+from attnlab.systems.optim import Optim
 from attnlab.tasks.synthetic import ARCHS, Specials
 
 SPLITS = {"val": "valid", "test": "test"}
@@ -96,8 +97,8 @@ def bucket_metrics(tallies: Tensor, ends: list[int] | None) -> dict[str, float]:
 class SyntheticSystem(System):
     def __init__(
         self,
-        architecture: dict,
-        optim: dict,
+        architecture: Architecture,
+        optim: Optim,
         vocab_size: int,
         specials: dict[str, int],
         arch: str = "decoder",

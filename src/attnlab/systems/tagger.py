@@ -20,6 +20,7 @@ from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import Tagger
 from attnlab.systems.base import System
+from attnlab.systems.optim import Optim
 
 
 def token_accuracy(num_classes: int) -> MulticlassAccuracy:
@@ -39,8 +40,8 @@ def eval_metrics(num_classes: int) -> nn.ModuleDict:
 class TaggerSystem(System):
     def __init__(
         self,
-        architecture: dict,
-        optim: dict,
+        architecture: Architecture,
+        optim: Optim,
         vocab_size: int,
         num_classes: int,
         causal: bool,

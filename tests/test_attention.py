@@ -9,6 +9,7 @@ import torch
 from helpers import SHAPE, dot_replaced_in_a_mixture, every_combination, make_parts, small_variant
 
 from attnlab.attention.core import Compute, attend, flex_path
+from attnlab.config.build import own_class
 from attnlab.config.options import causal_only, options, variant
 from attnlab.model.transformer import attention_mask, exactly_causal
 
@@ -70,6 +71,19 @@ def assert_paths_agree(parts, causal: bool) -> None:
 def test_fast_path_equals_plain_path(pe, synthesizer, causal):
     torch.manual_seed(0)
     assert_paths_agree(make_parts(pe, "softmax", synthesizer).double(), causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "norm", [n for n in options("norm") if own_class(variant("norm", n)["_target_"]).sdpa]
+)
+def test_a_normalizer_that_takes_the_fused_kernel_gives_the_plain_paths_output(norm, causal):
+    """A normalizer declaring `sdpa` is softmax for the fused kernel: a subclass of softmax
+    that changes the weights and keeps the flag is caught here."""
+    torch.manual_seed(0)
+    parts = make_parts("rope", norm, "dot").double()
+    assert parts.fast()
+    assert_paths_agree(parts, causal)
 
 
 @pytest.mark.parametrize("causal", [False, True])

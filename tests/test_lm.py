@@ -29,6 +29,7 @@ from attnlab.data.stream import (
     restore_tokenizer,
     windows,
 )
+from attnlab.data.task import NON_OVERLAPPING, SLIDING
 from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
@@ -159,9 +160,9 @@ def test_every_length_and_both_windowings_match_a_naive_loop_in_float64(make_con
             system._accumulate(batch)
         ids = torch.as_tensor(np.asarray(data.stream("test").ids, np.int64))
         for length in (8, 16, 32):
-            for mode, stride in (("ppl", length), ("ppl_sliding", 3)):
+            for windows, stride in ((NON_OVERLAPPING, length), (SLIDING, 3)):
                 naive = naive_losses(system.net, ids, length, stride)
-                nll, count = system.sums[(mode, length)].tolist()
+                nll, count = system.sums[(windows, length)].tolist()
                 assert count == len(ids) - 1
                 assert nll / count == pytest.approx(np.mean([loss for loss, _ in naive]), abs=1e-10)
             per = system.by_position[length]

@@ -262,7 +262,16 @@ def test_incremental_decoding_equals_the_full_causal_forward(option):
     torch.testing.assert_close(torch.cat(steps, 1), full)
 
 
-@pytest.mark.parametrize("option", [o for o in SYNTHESIZERS if o != "dot"])
+def bounded() -> list[str]:
+    """The options whose synthesizer declares a bound on positions (max_len) at its defaults."""
+    return [o for o in SYNTHESIZERS if build(config("synthesizer", o), shape=SHAPE).max_len]
+
+
+def test_every_bounded_synthesizer_has_its_small_settings():
+    assert set(bounded()) == set(SMALL), "give a bounded synthesizer's max_len=24 in SMALL"
+
+
+@pytest.mark.parametrize("option", bounded())
 def test_a_sequence_beyond_max_len_raises(option):
     stack = small_stack(option, causal=False)
     stack(tokens(length=MAX_LEN))

@@ -25,12 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import Configuration, summary
+from attnlab.data.task import WINDOWS
 from attnlab.plots import Band, bands_figure, heatmap_figure, save
 
 AT_LENGTH = re.compile(r"(?P<measure>(?P<stage>[^/]+)/[^@]+)@(?P<length>\d+)")
 NOT_APPLICABLE = "n/a"
 STAGE = "test"
-WINDOWS = {"ppl": "non-overlapping", "ppl_sliding": "sliding"}  # measure -> its windows
 BOUNDED = ("pe", "synthesizer")  # the config groups whose max_len bounds the positions
 
 
@@ -204,8 +204,8 @@ def plot_ppl_by_length(configs: list[Configuration], path: Path) -> list[Path]:
     """Perplexity by evaluation length, non-overlapping and sliding windows side by side: one
     line per configuration, the mean over its seeds, the range shaded."""
     panels = {
-        f"{windows} windows": ppl_bands(configs, f"{STAGE}/{mode}")
-        for mode, windows in WINDOWS.items()
+        f"{windows.name} windows": ppl_bands(configs, f"{STAGE}/{windows.perplexity}")
+        for windows in WINDOWS
     }
     panels = {title: bands for title, bands in panels.items() if bands}
     if not panels:

@@ -59,7 +59,6 @@ from attnlab.compare.budget import budget
 from attnlab.compare.generalization import generalization_contrasts, generalization_table
 from attnlab.compare.lengths import (
     STAGE,
-    WINDOWS,
     lengths,
     plot_accuracy_by_length,
     plot_ppl_by_length,
@@ -78,6 +77,7 @@ from attnlab.compare.runs import Run, find_runs
 from attnlab.compare.seeds import Configuration, configurations
 from attnlab.compare.significance import HYPOTHESES, bootstrap_table
 from attnlab.compare.sinks import plot_sinks, sinks_table
+from attnlab.data.task import WINDOWS
 from attnlab.errors import ConfigError
 from attnlab.plots import stamp, stamped
 
@@ -121,9 +121,9 @@ def lengths_table(configs: list[Configuration]) -> str:
     runs = [run for config in configs for run in config.runs]
     rows = []
     for config in configs:
-        for mode, windows in WINDOWS.items():
-            measure = f"{STAGE}/{mode}"
-            cells: Row = {**config.setting, "seeds": len(config.runs), "windows": windows}
+        for windows in WINDOWS:
+            measure = f"{STAGE}/{windows.perplexity}"
+            cells: Row = {**config.setting, "seeds": len(config.runs), "windows": windows.name}
             for length in lengths(runs, measure):
                 metric = f"{measure}@{length}"
                 cells[f"L={length}"] = seeds_summary(config, metric)

@@ -42,13 +42,12 @@ from torch.utils.data import Dataset
 from attnlab.data.cache import ids_dtype
 from attnlab.data.encoding import Encoder, Unit, encode_units
 from attnlab.data.loader import ResumableSampler
-from attnlab.data.task import WindowBatch
+from attnlab.data.task import WINDOWS, WindowBatch, Windows
 from attnlab.data.tokenizer import EOS_ID, UNK_ID, Tokenizer, build_once, cache_key
 from attnlab.errors import ConfigError
 
 SPECIALS = 4  # pad, unk, bos, eos: the ids every tokenizer of the project reserves
 Window = tuple[int, int, int]  # start, end, first scored prediction
-MODES = ("ppl", "ppl_sliding")  # non-overlapping and sliding windows
 
 
 class StreamTokenizer(Protocol):
@@ -282,21 +281,21 @@ class TrainWindows(Dataset):
 
 
 class EvalWindows(Dataset):
-    """Every window of the evaluated lengths and modes; an item is a whole batch (windows of
-    one length, mode and size), as TokenBatchSampler deals them."""
+    """Every window of the evaluated lengths, cut each way; an item is a whole batch (windows
+    of one length, one way and one size), as TokenBatchSampler deals them."""
 
     def __init__(
         self,
         stream: Stream,
         lengths: list[int],
-        modes: tuple[str, ...],
+        ways: tuple[Windows, ...],
         stride: int,
         batch_tokens: int,
     ) -> None:
         rows, self.batches = [], []
         for length in lengths:
-            for mode in modes:
-                step = length if mode == "ppl" else min(stride, length)
+            for way in ways:
+                step = min(stride, length) if way.sliding else length
                 found = windows(len(stream) - 1, length, step)
                 sizes = np.asarray([end - start for start, end, _ in found])
                 for size in np.unique(sizes):
@@ -305,7 +304,7 @@ class EvalWindows(Dataset):
                     for i in range(0, len(same), per_batch):
                         chunk = same[i : i + per_batch]
                         self.batches.append(np.arange(len(rows), len(rows) + len(chunk)))
-                        rows += [(*w, length, MODES.index(mode)) for w in chunk]
+                        rows += [(*w, length, WINDOWS.index(way)) for w in chunk]
         self.stream, self.rows = stream, np.asarray(rows, np.int64).reshape(-1, 5)
 
     def __len__(self) -> int:
@@ -319,5 +318,5 @@ class EvalWindows(Dataset):
             "tokens": torch.from_numpy(tokens),
             "first": torch.from_numpy(rows[:, 2] - rows[:, 0]),  # first scored, in the window
             "length": int(rows[0, 3]),
-            "mode": MODES[int(rows[0, 4])],
+            "windows": WINDOWS[int(rows[0, 4])],
         }

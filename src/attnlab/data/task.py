@@ -4,7 +4,7 @@ each kind of system (B examples, right-padded)."""
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 import lightning as L
 from torch import Tensor
@@ -53,14 +53,36 @@ class EncoderDecoderAnswerBatch(AnswerBatch):
     tgt: Tensor  # [B, A] SEP, then the output
 
 
+class Windows(NamedTuple):
+    """A way to cut evaluated text into windows of a length L, and the names of what is
+    measured over them: perplexity (`ppl<suffix>`) and bits per character (`bpc<suffix>`)."""
+
+    name: str  # as reports say it
+    suffix: str
+    sliding: bool  # windows every `eval_stride` tokens, each scoring its last tokens only
+
+    @property
+    def perplexity(self) -> str:
+        return f"ppl{self.suffix}"
+
+    @property
+    def bits(self) -> str:
+        return f"bpc{self.suffix}"
+
+
+NON_OVERLAPPING = Windows("non-overlapping", "", sliding=False)
+SLIDING = Windows("sliding", "_sliding", sliding=True)
+WINDOWS = (NON_OVERLAPPING, SLIDING)
+
+
 class WindowBatch(TypedDict):
     """LMSystem's at evaluation (training batches are the windows alone, [B, L+1] ids): windows
-    of one length and mode."""
+    of one length, cut one way."""
 
     tokens: Tensor  # [B, L+1] the window's ids; position i predicts i+1
     first: Tensor  # [B] the first position scored in each window
     length: int  # the evaluation length L
-    mode: str  # "ppl" (non-overlapping windows) | "ppl_sliding"
+    windows: Windows  # how they were cut: NON_OVERLAPPING or SLIDING
 
 
 SyntheticBatch = DecoderAnswerBatch | EncoderDecoderAnswerBatch  # by task.arch

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from attnlab.config.values import require_counts
 from attnlab.data.stream import TOKENIZER_KEY, StreamTokenizer, restore_tokenizer
-from attnlab.data.task import TaskData, WindowBatch
+from attnlab.data.task import NON_OVERLAPPING, WINDOWS, TaskData, WindowBatch, Windows
 from attnlab.decoding.decoder_only import continuations
 from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.errors import ConfigError
@@ -77,7 +77,7 @@ class LMSystem(System):
         self.decode_config = decode
         self.samples, self.sample_prompt, self.sample_tokens = samples, sample_prompt, sample_tokens
         self.not_applicable: list[int] = []
-        self.sums: dict[tuple[str, int], Tensor] = {}  # (mode, L) -> [nll, tokens], float64
+        self.sums: dict[tuple[Windows, int], Tensor] = {}  # (windows, L) -> [nll, tokens], f64
         self.by_position: dict[int, Tensor] = {}  # L -> [2, L]: nll and tokens per position
         self.sink_windows = sink_windows
         self.sinks: dict[int, Tensor] = {}  # L -> [layers + 1]: shares per layer, windows
@@ -128,10 +128,10 @@ class LMSystem(System):
         nll = self.token_nll(batch["tokens"]).double()
         position = torch.arange(nll.shape[1], device=nll.device)
         scored = position[None, :] >= batch["first"][:, None]
-        mode, length = batch["mode"], batch["length"]
-        sums = self.sums.setdefault((mode, length), nll.new_zeros(2))
+        windows, length = batch["windows"], batch["length"]
+        sums = self.sums.setdefault((windows, length), nll.new_zeros(2))
         sums += torch.stack((nll[scored].sum(), scored.sum().double()))
-        if mode == "ppl":
+        if windows == NON_OVERLAPPING:
             per = self.by_position.setdefault(length, nll.new_zeros(2, length))
             per[0, : nll.shape[1]] += (nll * scored).sum(0)
             per[1, : nll.shape[1]] += scored.sum(0)
@@ -150,7 +150,7 @@ class LMSystem(System):
         1..L−1 give the window's first token, averaged over heads and queries (the share at
         query 0 is 1 in causal attention, and left out)."""
         fitting = self.trainer.state.fn == TrainerFn.FITTING
-        if not self.sink_windows or fitting or batch["mode"] != "ppl":
+        if not self.sink_windows or fitting or batch["windows"] != NON_OVERLAPPING:
             return
         length = batch["length"]
         sums = self.sinks.get(length)
@@ -166,7 +166,7 @@ class LMSystem(System):
 
     def _reduced(
         self,
-    ) -> tuple[dict[tuple[str, int], Tensor], dict[int, Tensor], dict[int, Tensor]]:
+    ) -> tuple[dict[tuple[Windows, int], Tensor], dict[int, Tensor], dict[int, Tensor]]:
         """Every rank's sums, added (keys in a fixed order, so every rank reduces alike; the
         sinks of every scored length, zeros where a rank measured no whole window)."""
         reduce = self.trainer.strategy.reduce
@@ -175,7 +175,7 @@ class LMSystem(System):
         sinks = {}
         if self.sink_windows and self.trainer.state.fn != TrainerFn.FITTING:
             none = torch.zeros(self.net.stack.n_layers + 1, dtype=torch.float64, device=self.device)
-            lengths = sorted(length for mode, length in sums if mode == "ppl")
+            lengths = sorted(length for way, length in sums if way == NON_OVERLAPPING)
             sinks = {n: reduce(self.sinks.get(n, none), reduce_op="sum") for n in lengths}
         self.sums, self.by_position, self.sinks = {}, {}, {}
         return sums, per, {n: s for n, s in sinks.items() if s[-1] > 0}
@@ -185,19 +185,18 @@ class LMSystem(System):
         char = self.tokenizer is not None and self.tokenizer.kind == "char"
         fitting = self.trainer.state.fn == TrainerFn.FITTING
         results: dict[str, dict[str, float | None]] = {}
-        for (mode, length), (nll, count) in sums.items():
+        for (windows, length), (nll, count) in sums.items():
             loss = float(nll / count)
             suffix = "" if fitting else f"@{length}"
             entry = results.setdefault(str(length), {"tokens": float(count)})
-            if mode == "ppl":
+            if windows == NON_OVERLAPPING:
                 entry["loss"] = loss
                 self.log(f"{stage}/loss{suffix}", loss, prog_bar=stage == "val")
-            entry[mode] = math.exp(loss)
-            self.log(f"{stage}/{mode}{suffix}", math.exp(loss))
+            entry[windows.perplexity] = math.exp(loss)
+            self.log(f"{stage}/{windows.perplexity}{suffix}", math.exp(loss))
             if char:
-                bpc = mode.replace("ppl", "bpc")
-                entry[bpc] = loss / LN2
-                self.log(f"{stage}/{bpc}{suffix}", loss / LN2)
+                entry[windows.bits] = loss / LN2
+                self.log(f"{stage}/{windows.bits}{suffix}", loss / LN2)
         if fitting:
             if not (self.trainer.sanity_checking or self.trainer.fast_dev_run) and self.samples:
                 self._log_samples()
@@ -206,7 +205,7 @@ class LMSystem(System):
             by_layer = (measured[:-1] / measured[-1]).tolist()
             results[str(length)].update(sink=sum(by_layer) / len(by_layer), sink_by_layer=by_layer)
             self.log(f"{stage}/sink@{length}", sum(by_layer) / len(by_layer))
-        names = ("loss", "ppl", "ppl_sliding", *(("bpc", "bpc_sliding") if char else ()))
+        names = ["loss", *(w.perplexity for w in WINDOWS), *(w.bits for w in WINDOWS if char)]
         for length in self.not_applicable:
             results[str(length)] = {"applicable": False}  # type: ignore[dict-item]
             for name in names:
@@ -236,8 +235,8 @@ class LMSystem(System):
             ]
         (directory / f"{stage}_loss_by_position.csv").write_text("\n".join(lines) + "\n")
         ppl = {
-            mode: {int(n): r.get(mode, float("nan")) for n, r in results.items()}
-            for mode in ("ppl", "ppl_sliding")
+            w.perplexity: {int(n): r.get(w.perplexity, float("nan")) for n, r in results.items()}
+            for w in WINDOWS
         }
         by_position, by_length = lm_length_figures(curves, ppl, bound)
         save(by_position, directory / f"{stage}_loss_by_position.png")

@@ -37,7 +37,6 @@ from attnlab.config.values import require_counts
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.loader import ResumableLoader
 from attnlab.data.stream import (
-    MODES,
     TOKENIZER_KEY,
     CharTokenizer,
     EvalWindows,
@@ -49,7 +48,7 @@ from attnlab.data.stream import (
     open_stream,
     restore_tokenizer,
 )
-from attnlab.data.task import TaskData
+from attnlab.data.task import NON_OVERLAPPING, WINDOWS, TaskData, Windows
 from attnlab.data.text import available_cores
 from attnlab.data.text_sources import SPLITS, make_source
 from attnlab.data.tokenizer import TokenizerSettings, build_once, cache_key, load_or_train
@@ -257,12 +256,12 @@ class LMDataModule(TaskData):
             dataset, sampler=sampler, batch_size=self.batch_size, num_workers=self.num_workers
         )
 
-    def evaluated(self) -> tuple[list[int], tuple[str, ...]]:
-        """The lengths and modes an evaluation scores: while fitting, non-overlapping windows
-        of block_size; else every applicable eval length, both ways."""
+    def evaluated(self) -> tuple[list[int], tuple[Windows, ...]]:
+        """The lengths and ways of cutting windows an evaluation scores: while fitting,
+        non-overlapping windows of block_size; else every applicable eval length, both ways."""
         if self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING:
-            return [self.block_size], ("ppl",)
-        return [n for n in self.lengths if n not in self.not_applicable], MODES
+            return [self.block_size], (NON_OVERLAPPING,)
+        return [n for n in self.lengths if n not in self.not_applicable], WINDOWS
 
     def _eval_loader(self, split: str) -> DataLoader:
         stream = self._require(split, 2)

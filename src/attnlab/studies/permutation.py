@@ -161,13 +161,11 @@ def predict(choice: dict[str, str], causal: bool) -> dict[str, bool]:
     parts = build_parts(choice, causal)
     pe, synthesizer, norm = parts.pe, parts.synthesizer, parts.norm  # bias claims: without a PE
     position_free = not causal and not pe.acts_in_attention and not norm.reads_order
-    rows_from_queries = synthesizer.plain_dot or choice["synthesizer"] in (
-        "dense", "factorized_dense", "dense_vanilla",
-    )  # fmt: skip
+    reads_no_position = not (synthesizer.key_positions or synthesizer.query_positions)
     return {
-        "keys": position_free and synthesizer.plain_dot,
-        "queries": position_free and rows_from_queries,
-        "stack": position_free and not pe.embeds and synthesizer.plain_dot,
+        "keys": position_free and not synthesizer.key_positions,
+        "queries": position_free and not synthesizer.query_positions,
+        "stack": position_free and not pe.embeds and reads_no_position,
         "query bias": not synthesizer.needs_query,
         "key bias": not synthesizer.needs_key or norm.shift_invariant,
         "value bias": norm.rows_sum_to_one,

@@ -35,6 +35,10 @@ class Synthesizer(nn.Module):
     max_len_option = "max_len"  # the option that sets max_len, for error messages
     needs_query = False
     needs_key = False
+    # Its logits read the keys' positions (a table column per key j), or the query's (a row
+    # per query i): permuting the tokens then changes the weights (the permutation study).
+    key_positions = False
+    query_positions = False
     # The synthesis is the scaled dot product alone (dot 1, no logits), so the core may let
     # F.scaled_dot_product_attention compute it from q, k and v without forming the scores.
     plain_dot = False

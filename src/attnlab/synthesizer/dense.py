@@ -52,6 +52,8 @@ class TokenMLP(nn.Module):
 
 
 class Dense(Synthesizer):
+    key_positions = True  # row i is a function of token i alone, over key positions
+
     def __init__(
         self,
         shape: StackShape,

@@ -36,6 +36,8 @@ def balanced_factors(n: int) -> tuple[int, int]:
 
 
 class FactorizedDense(Synthesizer):
+    key_positions = True
+
     def __init__(
         self,
         shape: StackShape,

@@ -26,6 +26,8 @@ from attnlab.synthesizer.base import Synthesis, Synthesizer, glorot_uniform, req
 
 
 class FactorizedRandom(Synthesizer):
+    key_positions = query_positions = True
+
     def __init__(self, shape: StackShape, max_len: int, k: int) -> None:
         super().__init__(shape)
         require_positive("max_len", max_len)

@@ -65,6 +65,8 @@ class Mixture(Synthesizer):
         )
         self.needs_query = any(c.needs_query for c in self.components)
         self.needs_key = any(c.needs_key for c in self.components)
+        self.key_positions = any(c.key_positions for c in self.components)
+        self.query_positions = any(c.query_positions for c in self.components)
         bounds = [(c.max_len, i) for i, c in enumerate(self.components) if c.max_len is not None]
         if bounds:
             self.max_len, i = min(bounds)

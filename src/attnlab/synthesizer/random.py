@@ -33,6 +33,8 @@ from attnlab.synthesizer.base import (
 
 
 class Random(Synthesizer):
+    key_positions = query_positions = True  # a learned or fixed table over (i, j)
+
     def __init__(self, shape: StackShape, max_len: int, trainable: bool) -> None:
         super().__init__(shape)
         require_positive("max_len", max_len)

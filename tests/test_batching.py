@@ -15,7 +15,7 @@ from attnlab.data.batching import (
     padding_fraction,
     token_batches,
 )
-from attnlab.data.cache import Example
+from attnlab.data.cache import EncodedPair
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -79,8 +79,8 @@ def test_ranks_get_equal_numbers_of_batches_and_each_pair_exactly_once(world):
 
 def test_collate_follows_the_batch_contract():
     examples = [
-        Example(np.array([7, 8, 9], np.uint16), np.array([10], np.uint16), "zehn", 4),
-        Example(np.array([5], np.uint16), np.array([11, 12, 13, 14], np.uint16), "elf", 0),
+        EncodedPair(np.array([7, 8, 9], np.uint16), np.array([10], np.uint16), "zehn", 4),
+        EncodedPair(np.array([5], np.uint16), np.array([11, 12, 13, 14], np.uint16), "elf", 0),
     ]
     batch = collate(examples)
     assert batch["src"].tolist() == [[7, 8, 9, EOS_ID], [5, EOS_ID, PAD_ID, PAD_ID]]

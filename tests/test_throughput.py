@@ -11,7 +11,7 @@ from helpers import OPTIM, decode_node
 
 from attnlab.config.options import variant
 from attnlab.data.batching import collate
-from attnlab.data.cache import Example
+from attnlab.data.cache import EncodedPair
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.model.architecture import Architecture
@@ -48,7 +48,9 @@ def test_a_translation_batch_counts_the_sources_and_the_decoders_input_but_not_p
         DecodeConfig.from_config(decode_node()),
     )
     pairs = [([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11]), ([5, 6], [])]
-    batch = collate([Example(np.array(s), np.array(t), "", i) for i, (s, t) in enumerate(pairs)])
+    batch = collate(
+        [EncodedPair(np.array(s), np.array(t), "", i) for i, (s, t) in enumerate(pairs)]
+    )
     sources = sum(len(s) + 1 for s, _ in pairs)  # each source and its EOS
     # the decoder reads BOS, the target, and EOS where the row is not the longest
     longest = max(len(t) for _, t in pairs)

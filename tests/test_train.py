@@ -220,9 +220,9 @@ def test_the_end_of_run_summary_goes_to_the_console_and_to_the_runs_log_file(tmp
 
 
 def test_the_summary_names_the_block_and_the_probes_switches(make_config):
-    from attnlab.runner.run import summary
+    from attnlab.runner.run import closing_summary
 
-    text = summary(make_config(["task.markers=true"]), {"total": 10}, {}, "/run")
+    text = closing_summary(make_config(["task.markers=true"]), {"total": 10}, {}, "/run")
     assert "block        standard" in text and "markers      true" in text
     assert "causal       false" in text
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from attnlab.compare.runs import Run
+from attnlab.compare.runs import Run, is_number_text
 
 BUDGET = {  # what a block's budget line names, and the config key each run holds it at
     "lr": "task.optim.lr",
@@ -20,15 +20,7 @@ BUDGET = {  # what a block's budget line names, and the config key each run hold
 def values(runs: list[Run], key: str) -> str:
     """The runs' values of a config key, each once, in order ("inverse_sqrt"; "500 / 1000")."""
     found = {value for run in runs if (value := run.setting(key)) is not None}
-    return " / ".join(sorted(found, key=lambda value: (not is_number(value), value.zfill(20))))
-
-
-def is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+    return " / ".join(sorted(found, key=lambda value: (not is_number_text(value), value.zfill(20))))
 
 
 def budget(runs: list[Run]) -> str:
@@ -79,7 +71,7 @@ def early_stopping(runs: list[Run], monitor: str) -> str:
 
 def setting_number(run: Run, key: str) -> float | None:
     value = run.setting(key)
-    return float(value) if value is not None and is_number(value) else None
+    return float(value) if value is not None and is_number_text(value) else None
 
 
 def stopped_by(run: Run, monitor: str) -> str:

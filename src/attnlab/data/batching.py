@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from attnlab.data.cache import Example, SplitData
+from attnlab.data.cache import EncodedPair, SplitData
 from attnlab.data.loader import ResumableSampler
 from attnlab.data.task import PairBatch
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -151,7 +151,7 @@ class PairDataset(Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, positions: list[int]) -> list[Example]:
+    def __getitem__(self, positions: list[int]) -> list[EncodedPair]:
         examples = [self.data.example(int(self.rows[p])) for p in positions]
         if self.cut is None:
             return examples
@@ -170,7 +170,7 @@ class PairDataset(Dataset):
         return np.minimum(self.data.tgt_lengths()[self.rows], self.cut or np.iinfo(np.int64).max)
 
 
-def collate(examples: list[Example]) -> PairBatch:
+def collate(examples: list[EncodedPair]) -> PairBatch:
     """The pairs' batch: ids with their specials, PAD_ID-padded."""
     src = torch.full((len(examples), max(len(e.src) for e in examples) + 1), PAD_ID)
     tgt = torch.full((len(examples), max(len(e.tgt) for e in examples) + 2), PAD_ID)

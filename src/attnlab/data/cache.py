@@ -25,8 +25,8 @@ from attnlab.data.text import chunked
 from attnlab.data.tokenizer import Tokenizer
 
 
-class Example(NamedTuple):
-    """One pair of a split, as a batch is made of."""
+class EncodedPair(NamedTuple):
+    """One pair of a split, encoded (subword ids), as a batch is made of."""
 
     src: np.ndarray  # subword ids, no specials
     tgt: np.ndarray
@@ -174,6 +174,6 @@ class SplitData:
         """The longest source or target sequence, specials included (0 when empty)."""
         return int(max(self.src_lengths().max(initial=0), self.tgt_lengths().max(initial=0)))
 
-    def example(self, row: int) -> Example:
+    def example(self, row: int) -> EncodedPair:
         ref = bytes(self.ref[row]).decode("utf-8")
-        return Example(self.src[row], self.tgt[row], ref, int(self.line[row]))
+        return EncodedPair(self.src[row], self.tgt[row], ref, int(self.line[row]))

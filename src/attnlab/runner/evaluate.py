@@ -67,7 +67,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         (results,) = method(system, datamodule, verbose=False)
     metrics = run.scalar_metrics(results)
     output_dir = run.resolve_output_dir(config)
-    run.report(run.summary(config, system.parameter_counts(), metrics, output_dir))
+    run.report(run.closing_summary(config, system.parameter_counts(), metrics, output_dir))
     return metrics
 
 

@@ -271,7 +271,7 @@ def check_sweep_devices(config: dict[str, Any]) -> None:
     )
 
 
-def summary(
+def closing_summary(
     config: dict[str, Any], counts: dict[str, int], metrics: dict[str, float], run_dir: str
 ) -> str:
     """The short report a run ends with."""
@@ -299,7 +299,7 @@ def summary(
 
 
 def report(text: str) -> None:
-    """Print the end-of-run summary, and write it to the run's log file (train.log) too."""
+    """Print the closing summary, and write it to the run's log file (train.log) too."""
     print(text, flush=True)
     record = logging.LogRecord(__name__, logging.INFO, __file__, 0, "\n%s", (text,), None)
     for handler in logging.getLogger().handlers:

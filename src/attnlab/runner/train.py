@@ -91,7 +91,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         finally:
             tracker.update(steps=trainer.global_step)
     if first:
-        run.report(run.summary(config, counts, metrics, output_dir))
+        run.report(run.closing_summary(config, counts, metrics, output_dir))
     return metrics
 
 

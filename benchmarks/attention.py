@@ -6,8 +6,8 @@ pe=none norm=softmax synthesizer=dot measured in the same run.
 The model is a 2-layer encoder (d_model 256, 4 heads, FFN 1024, batch 4) trained on a
 token-level loss, with the model's default attention settings (fused SDPA where it applies,
 recomputed query blocks of model.attention_chunk for long sequences); each variant changes
-one group from the baseline. A pe that works in causal self-attention only (CoPE, xPos) is
-measured in a causal stack, its row marked "(causal)" and its ratios taken to the baseline
+one group from the baseline. A pe or norm that works in causal self-attention only (CoPE,
+xPos, selective attention) is measured in a causal stack, its row marked "(causal)" and its ratios taken to the baseline
 measured in the same causal stack (the "baseline ... (causal)" row). Time is the fastest of `repeats` steps
 after a warm-up. Memory is the peak of live tensor bytes during one step, parameters
 included: the CPU analogue of torch.cuda.max_memory_allocated, replayed from the profiler's
@@ -120,14 +120,13 @@ def baseline_of(label: str) -> str:
 
 def variants() -> list[tuple[str, dict[str, str]]]:
     """Each row's label and choice: the baseline in an encoder and in a causal stack, then
-    one group changed at a time, in a causal stack where the pe works there only."""
+    one group changed at a time, in a causal stack where the pe or the norm works there only."""
     rows = [(BASELINE_LABEL, BASELINE), (BASELINE_LABEL + CAUSAL, BASELINE)]
     for group in ("pe", "norm", "synthesizer"):
         for option in [o for o in options(group) if o != BASELINE[group]]:
             choice = {**BASELINE, group: option}
-            rows.append(
-                (f"{group}={option}" + CAUSAL * (causal_only(choice["pe"]) is not None), choice)
-            )
+            causal = any(causal_only(choice[g], g) for g in ("pe", "norm"))
+            rows.append((f"{group}={option}" + CAUSAL * causal, choice))
     return rows
 
 

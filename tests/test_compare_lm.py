@@ -295,6 +295,19 @@ def test_a_sinks_block_gives_each_layers_mean_and_interval_over_seeds_at_each_le
     assert "over the first 4 whole test windows of length L" in text
 
 
+def test_a_study_with_a_lengths_and_a_sinks_block_keeps_both_figures(tmp_path):
+    sinks_study(tmp_path / "sweep")
+    archive(tmp_path / "sweep", tmp_path / "docs" / "results" / "runs" / "lm")
+    both = results_md(tmp_path, "lengths")
+    both.write_text(both.read_text() + "\n<!-- results:lm sinks -->\n<!-- /results:lm -->\n")
+    text = regenerate(both, draw=True)
+    for name in ("lm.png", "lm_sinks.png"):
+        assert is_png_image(tmp_path / "docs" / "results" / name)
+        assert f"(docs/results/{name})" in text
+    both.write_text(text)
+    assert regenerate(both, draw=False) == text, "each figure keeps the stamp of its own block"
+
+
 def test_runs_without_sink_records_read_not_measured(tmp_path):
     text = sinks_block(tmp_path)
     assert "| alibi |  | 2 |  | not measured | not measured | not measured |" in text
@@ -314,8 +327,8 @@ def test_the_first_row_is_uniform_attentions_share_of_the_first_token(tmp_path):
 
 def test_the_sinks_plot_is_drawn_with_the_mean_and_interval_over_seeds(tmp_path):
     text = sinks_block(tmp_path)
-    assert is_png_image(tmp_path / "docs" / "results" / "lm.png")
-    assert "![lm: attention sink by evaluation length](docs/results/lm.png)" in text
+    assert is_png_image(tmp_path / "docs" / "results" / "lm_sinks.png")
+    assert "![lm: attention sink by evaluation length](docs/results/lm_sinks.png)" in text
     configs = configurations(find_runs(tmp_path / "sweep"), ["pe", "seed", "pe.max_len"])
     rope = next(config for config in configs if config.setting["pe"] == "rope")
     for layer in (0, 1):

@@ -22,7 +22,8 @@ the paired bootstrap (for a claim of closeness: "competitive", "within 0.2 BLEU"
 Each block opens with the study's budget read from the runs' configs and statuses (steps,
 learning rate, warm-up, schedule, checkpoint selection, early stopping), so that the text
 cannot drift from what ran. `attnlab results` rewrites each block from docs/results/runs/<study>/ and draws
-docs/results/<study>.png, stamped with a digest of the records it was drawn from.
+docs/results/<study>.png (<study>_sinks.png for a sinks block, so that a study can hold both
+its perplexities and its sinks), stamped with a digest of the records it was drawn from.
 `attnlab results --check` writes nothing and fails when a block differs from what the
 records give, or a figure's stamp from their digest. The kinds of table, and their plot:
 
@@ -142,6 +143,7 @@ class Kind:
     caption: str
     task: str | None = None  # the task whose runs it reads; None: any
     contrasts: Callable[[list[Configuration]], str] | None = None  # an `among=` block's table
+    figure: str = ""  # added to the study's name to name its figure
 
 
 def validation_loss(configs: list[Configuration], path: Path) -> list[Path]:
@@ -153,7 +155,9 @@ KINDS = {
     "extrapolation": Kind(extrapolation_table, plot_by_position, "accuracy by position", "probe"),
     "configurations": Kind(configurations_table, validation_loss, "validation loss by step"),
     "lengths": Kind(lengths_table, plot_ppl_by_length, "perplexity by evaluation length", "lm"),
-    "sinks": Kind(sinks_table, plot_sinks, "attention sink by evaluation length", "lm"),
+    "sinks": Kind(
+        sinks_table, plot_sinks, "attention sink by evaluation length", "lm", figure="_sinks"
+    ),
     "generalization": Kind(
         generalization_table,
         plot_accuracy_by_length,
@@ -208,7 +212,8 @@ def block(
         )
     if among is not None:
         return text
-    image, source = root / "docs" / "results" / f"{study}.png", records_digest(runs)
+    image = root / "docs" / "results" / f"{study}{KINDS[kind].figure}.png"
+    source = records_digest(runs)
     if draw:
         if image in KINDS[kind].plot(configs, image):
             stamp(image, source)

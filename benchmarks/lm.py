@@ -60,7 +60,7 @@ from attnlab.config.build import to_dict
 from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
 from attnlab.runner import run
-from attnlab.systems.lm import LMSystem
+from attnlab.tasks.lm.system import LMSystem
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 EXPERIMENT = "experiment=lm_shakespeare_char"

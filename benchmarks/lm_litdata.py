@@ -67,7 +67,7 @@ def litdata_optimize(corpus: Path, model: Path, out: Path) -> None:
 def read_attnlab(directory: Path, windows: int) -> tuple[float, float]:
     from torch.utils.data import DataLoader
 
-    from attnlab.data.stream import Stream, TrainWindows, WindowSampler
+    from attnlab.tasks.lm.stream import Stream, TrainWindows, WindowSampler
 
     started = time.perf_counter()
     data = TrainWindows(Stream(directory), BLOCK, windows)

@@ -13,7 +13,7 @@ from test_dialogue import conversation, dialogue_line, write_dialogues
 from attnlab.commands.chat import chat
 from attnlab.errors import ConfigError
 from attnlab.runner.train import train
-from attnlab.tasks.dialogue import END_OF_TURN
+from attnlab.tasks.seq2seq.dialogue import END_OF_TURN
 
 TEST_TALKS = [conversation(100 + n, 3) for n in range(3)]
 

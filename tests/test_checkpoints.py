@@ -160,7 +160,7 @@ def test_the_latest_checkpoint_saves_after_the_best_checkpoint_and_early_stoppin
     assert state_savers_last([latest, best, stopping]) == [best, stopping, latest]
 
 
-DIALOGUE = "attnlab.tasks.dialogue.DialogueDataModule"
+DIALOGUE = "attnlab.tasks.dialogue.DialogueDataModule"  # as runs recorded it before the move
 
 
 @pytest.mark.parametrize(
@@ -180,7 +180,7 @@ def test_a_run_recorded_before_data_seed_keeps_the_data_its_seed_drew(data, adde
     assert stored_overrides(record) == ["seed=2", *added]
 
 
-MQAR = "attnlab.tasks.mqar.MQAR"
+MQAR = "attnlab.tasks.mqar.MQAR"  # as runs recorded it before the move
 
 
 @pytest.mark.parametrize(
@@ -235,6 +235,22 @@ def test_a_checkpoint_that_would_run_code_is_refused_unrun(checkpoint, tmp_path)
         .splitlines()[-1]
         .startswith(f"attnlab: {evil} cannot be read as a checkpoint (UnpicklingError")
     )
+
+
+@pytest.mark.slow
+def test_a_checkpoint_recorded_before_the_task_packages_evaluates(checkpoint, tmp_path):
+    """A run recorded when the probe's data and system were attnlab.tasks.probe and
+    attnlab.systems.tagger (before each task family became one package) still evaluates."""
+    data = torch.load(checkpoint, weights_only=True)
+    task = data[RECORD_KEY]["config"]["task"]
+    assert task["system"]["_target_"] == "attnlab.tasks.probe.system.TaggerSystem"
+    task["data"]["_target_"] = "attnlab.tasks.probe.ProbeDataModule"
+    task["system"]["_target_"] = "attnlab.systems.tagger.TaggerSystem"
+    old = tmp_path / "old.ckpt"
+    torch.save(data, old)
+    result = eval_py(f"ckpt_path={old}", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "test/acc" in result.stdout + result.stderr
 
 
 @pytest.mark.slow
@@ -329,7 +345,10 @@ def test_a_translation_run_recorded_before_the_data_nodes_resumes_in_todays_spel
         "pe=rope",
         "seed=2",
     ]
-    data = {"_target_": "attnlab.tasks.translation.TranslationDataModule", "max_tokens": 2048}
+    data = {
+        "_target_": "attnlab.tasks.translation.TranslationDataModule",  # as recorded then
+        "max_tokens": 2048,
+    }
     assert respelled(old, {"task": {"data": data}}) == new
     today = {**data, "batching": {"max_tokens": 2048}}
     assert respelled(new, {"task": {"data": today}}) == new

@@ -1,7 +1,7 @@
 """`attnlab compare` and `attnlab results` on language-model runs: perplexity by evaluation
 length, loss by position, and n/a where a length is past the model's positions.
 
-The runs are fakes laid out as attnlab.systems.lm leaves them: test metrics `test/<m>@L` in
+The runs are fakes laid out as attnlab.tasks.lm.system leaves them: test metrics `test/<m>@L` in
 csv/metrics.csv (NaN at a length the model cannot take), lengths/test.json and
 lengths/test_loss_by_position.csv.
 """
@@ -19,13 +19,14 @@ import yaml
 from matplotlib.image import imread
 from test_compare import fake_run, read_csv
 
-from attnlab.compare.lengths import applicable, position_bands, ppl_bands, sinks_by_layer
+from attnlab.compare.lengths import applicable
 from attnlab.compare.report import compare
 from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, interval, summary
-from attnlab.compare.sinks import sink_band, sinks_table
 from attnlab.errors import ConfigError
+from attnlab.tasks.lm.report import position_bands, ppl_bands
+from attnlab.tasks.lm.sinks import sink_band, sinks_by_layer, sinks_table
 
 LENGTHS = (32, 64, 128)
 NAN = math.nan

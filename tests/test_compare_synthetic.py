@@ -1,7 +1,7 @@
 """`attnlab compare` on the synthetic tasks' runs: exact match by bucket of test lengths, a
 panel per task, and the heat map of tasks x configurations at each task's longest bucket.
 
-The runs are fakes laid out as attnlab.systems.synthetic leaves them: `test/acc@<len>` in
+The runs are fakes laid out as attnlab.tasks.synthetic.system leaves them: `test/acc@<len>` in
 csv/metrics.csv, the task's name in the stored config."""
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from test_compare import fake_run
 from test_compare_lm import is_png_image
 
 from attnlab.compare.blocks import block_options
-from attnlab.compare.generalization import generalization_table
-from attnlab.compare.lengths import (
-    by_task,
-    longer_accuracy,
-    longest_bucket_matrix,
-    reciprocal_ranks,
-)
 from attnlab.compare.report import compare
 from attnlab.compare.results import regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, paired_compared
 from attnlab.errors import ConfigError
+from attnlab.tasks.synthetic.report import (
+    by_task,
+    generalization_table,
+    longer_accuracy,
+    longest_bucket_matrix,
+    reciprocal_ranks,
+)
 
 # task -> its bucket ends; pe -> exact match in each bucket, before the seed's shift
 BUCKETS = {"copy": (20, 40, 60, 80), "mqar": (64, 128), "sort": (20, 40), "reverse": (20, 40)}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnlab.runner.run import Plan, build_datamodule, build_system
-from attnlab.tasks.probe import probe_example
+from attnlab.tasks.probe.data import probe_example
 
 
 @pytest.mark.slow  # compiling takes about 25 s on 2 cores

@@ -146,8 +146,8 @@ def test_the_block_is_a_group_and_model_gau_a_preset_of_it(make_config, preset, 
 def test_scoring_more_probe_positions_than_the_model_predicts_is_one_sentence():
     from attnlab.config.groups import ARCHITECTURE
     from attnlab.config.options import variant
-    from attnlab.systems.tagger import TaggerSystem
-    from attnlab.tasks.probe import ProbeDataModule
+    from attnlab.tasks.probe.data import ProbeDataModule
+    from attnlab.tasks.probe.system import TaggerSystem
 
     architecture = {
         "model": variant("model", "tiny"), "block": variant("block", "standard"),
@@ -213,6 +213,19 @@ def yaml_nodes() -> list[tuple[str, dict]]:
         written = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
         found += targets(written, str(path.relative_to(CONF_DIR)))
     return found
+
+
+def test_a_class_recorded_under_the_module_it_had_before_the_task_packages_is_found():
+    """`MOVED` maps each recorded path to today's class, and only paths that no longer
+    resolve on their own (an entry must never shadow a live module)."""
+    from attnlab.config.build import MOVED, _locate, current, own_class
+
+    assert len(MOVED) == 16, "lm 2, synthetic 2 and its 7 tasks, probe 2, seq2seq 3"
+    for old, new in MOVED.items():
+        assert current(old) == new and own_class(old) is own_class(new)
+        with pytest.raises((ImportError, AttributeError)):
+            _locate(old)
+    assert current("attnlab.pe.rope.RoPE") == "attnlab.pe.rope.RoPE"
 
 
 def test_defaults_live_in_the_yaml_alone():

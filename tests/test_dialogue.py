@@ -14,8 +14,8 @@ from helpers import SHARED_DATA, task_data
 from attnlab.errors import ConfigError
 from attnlab.metrics import dialogue_scores, distinct, signatures
 from attnlab.runner.train import train
-from attnlab.tasks import dialogue
-from attnlab.tasks.dialogue import (
+from attnlab.tasks.seq2seq import dialogue
+from attnlab.tasks.seq2seq.dialogue import (
     DialogueDataModule,
     clean,
     examples,

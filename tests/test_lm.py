@@ -20,7 +20,13 @@ from helpers import CAUSAL_PES, REPEATABLE, ROOT, SHARED_DATA, TEXT, task_data
 
 from attnlab.config.build import build
 from attnlab.config.groups import ARCHITECTURE
-from attnlab.data.stream import (
+from attnlab.data.task import NON_OVERLAPPING, SLIDING
+from attnlab.errors import ConfigError
+from attnlab.model.architecture import Architecture
+from attnlab.model.transformer import DecoderLM
+from attnlab.runner.run import Plan, build_system
+from attnlab.runner.train import train
+from attnlab.tasks.lm.stream import (
     EOS_ID,
     UNK_ID,
     CharTokenizer,
@@ -29,12 +35,6 @@ from attnlab.data.stream import (
     restore_tokenizer,
     windows,
 )
-from attnlab.data.task import NON_OVERLAPPING, SLIDING
-from attnlab.errors import ConfigError
-from attnlab.model.architecture import Architecture
-from attnlab.model.transformer import DecoderLM
-from attnlab.runner.run import Plan, build_system
-from attnlab.runner.train import train
 
 
 def write_splits(directory, train=TEXT, valid=TEXT, test=TEXT):

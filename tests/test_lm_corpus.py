@@ -31,10 +31,10 @@ from attnlab.data.encoding import (
     reservoir,
     text_units,
 )
-from attnlab.data.stream import CharTokenizer, restore_tokenizer
 from attnlab.data.tokenizer import EOS_ID
 from attnlab.errors import ConfigError
 from attnlab.runner.run import build_datamodule
+from attnlab.tasks.lm.stream import CharTokenizer, restore_tokenizer
 
 DOCUMENTS = ["first document\nwith two lines", "second", "third one", "fourth and last"]
 

@@ -19,13 +19,13 @@ from attnlab.commands.generate import SAMPLE_RULE, load_language_model, parse_re
 from attnlab.config.build import to_dict
 from attnlab.config.groups import ARCHITECTURE
 from attnlab.config.options import variant
-from attnlab.data.stream import SPECIALS, CharTokenizer
 from attnlab.decoding.decoder_only import Pick, continue_text, picker
 from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.stored import RECORD_KEY
-from attnlab.systems.lm import LMSystem
+from attnlab.tasks.lm.stream import SPECIALS, CharTokenizer
+from attnlab.tasks.lm.system import LMSystem
 
 VOCAB = 13
 MAX_LEN = 32  # the positions of the checkpoints' pe=learned

@@ -12,7 +12,7 @@ from attnlab.config.options import causal_only, options, variant
 from attnlab.model.architecture import Architecture, AttentionConfig, ModelConfig
 from attnlab.model.transformer import EncoderDecoder, Tagger
 from attnlab.systems.base import parameter_counts
-from attnlab.systems.tagger import TaggerSystem
+from attnlab.tasks.probe.system import TaggerSystem
 
 VOCAB, CLASSES = 11, 5
 D, HEADS, LAYERS, FF, GAU_S, GAU_E = 32, 2, 2, 64, 16, 64

@@ -21,7 +21,7 @@ from attnlab.config.options import causal_only, options, variant
 from attnlab.errors import ConfigError
 from attnlab.runner.run import Plan, build_datamodule, build_system
 from attnlab.studies.probe import chance_bound, predict
-from attnlab.tasks.probe import ZERO, probe_example
+from attnlab.tasks.probe.data import ZERO, probe_example
 
 # q·k must vary visibly with position for a difference to show: a larger init than training uses.
 WIDE_INIT = ["model=tiny", "model.init_std=0.3", "model.dropout=0.0"]

@@ -16,7 +16,7 @@ from attnlab.memory import estimated_parameters
 from attnlab.model.architecture import Architecture
 from attnlab.runner import run
 from attnlab.stored import CONFIG
-from attnlab.systems.tagger import TaggerSystem
+from attnlab.tasks.probe.system import TaggerSystem
 
 OVERSIZED = [  # (overrides, what the sentence names)
     (["model.d_model=32768"], r"model\.d_model=32768, .* make [\d,]+ parameters, and training"),

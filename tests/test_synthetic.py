@@ -1,4 +1,4 @@
-"""The synthetic tasks' data and system (attnlab.tasks.synthetic, attnlab.systems.synthetic):
+"""The synthetic tasks' data and system (attnlab.tasks.synthetic.data, attnlab.tasks.synthetic.system):
 batch layouts and loss masking, buckets of lengths, evaluation sets fixed by their own seed,
 scores counted by hand, and tiny models learning to copy. Cached decoding equals uncached
 for every pe in test_lm_generation (decoder) and test_decoding (encoder-decoder)."""
@@ -18,13 +18,7 @@ from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.runner import run
 from attnlab.runner.train import train
-from attnlab.systems.synthetic import (
-    SyntheticSystem,
-    answer_scores,
-    bucket_metrics,
-    decoded_answers,
-)
-from attnlab.tasks.synthetic import (
+from attnlab.tasks.synthetic.data import (
     Batches,
     Item,
     Specials,
@@ -33,6 +27,12 @@ from attnlab.tasks.synthetic import (
     buckets,
     collate,
     eval_batches,
+)
+from attnlab.tasks.synthetic.system import (
+    SyntheticSystem,
+    answer_scores,
+    bucket_metrics,
+    decoded_answers,
 )
 
 I = IGNORE  # noqa: E741

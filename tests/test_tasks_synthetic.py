@@ -20,15 +20,15 @@ from omegaconf import OmegaConf
 from attnlab.config.build import own_class
 from attnlab.config.options import CONF_DIR, options, variant
 from attnlab.errors import ConfigError
-from attnlab.tasks.addition import PLUS, Addition
-from attnlab.tasks.copy import Copy
-from attnlab.tasks.mqar import FILLER as MQAR_FILLER
-from attnlab.tasks.mqar import MQAR, query_slots
-from attnlab.tasks.parity import Parity
-from attnlab.tasks.passkey import FILLER, KEY, QUERY, Passkey
-from attnlab.tasks.reverse import Reverse
-from attnlab.tasks.sort import Sort
-from attnlab.tasks.synthetic import Example, Generator
+from attnlab.tasks.synthetic.addition import PLUS, Addition
+from attnlab.tasks.synthetic.copy import Copy
+from attnlab.tasks.synthetic.data import Example, Generator
+from attnlab.tasks.synthetic.mqar import FILLER as MQAR_FILLER
+from attnlab.tasks.synthetic.mqar import MQAR, query_slots
+from attnlab.tasks.synthetic.parity import Parity
+from attnlab.tasks.synthetic.passkey import FILLER, KEY, QUERY, Passkey
+from attnlab.tasks.synthetic.reverse import Reverse
+from attnlab.tasks.synthetic.sort import Sort
 
 
 def generator(task: str, **options: Any) -> Generator:

@@ -17,10 +17,10 @@ from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.model.architecture import Architecture
 from attnlab.runner import callbacks
 from attnlab.runner.callbacks import TokenThroughput
-from attnlab.systems.seq2seq import Seq2SeqSystem
-from attnlab.systems.tagger import TaggerSystem
-from attnlab.tasks.probe import ProbeDataModule, probe_example
-from attnlab.tasks.probe import collate as probe_collate
+from attnlab.tasks.probe.data import ProbeDataModule, probe_example
+from attnlab.tasks.probe.data import collate as probe_collate
+from attnlab.tasks.probe.system import TaggerSystem
+from attnlab.tasks.seq2seq.system import Seq2SeqSystem
 
 ARCHITECTURE = Architecture.from_config(
     {

@@ -90,7 +90,7 @@ def test_the_loaded_system_keeps_its_runs_data_settings_read_once(trained):
     from attnlab.commands.translate import evaluation_cut, stored_data
     from attnlab.data.tokenizer import VOCABULARY_KEY
     from attnlab.stored import load_system
-    from attnlab.systems.seq2seq import Seq2SeqSystem
+    from attnlab.tasks.seq2seq.system import Seq2SeqSystem
 
     best, _, _ = trained
     system = load_system(best, Seq2SeqSystem, (lambda task: True, ""), VOCABULARY_KEY, "test")

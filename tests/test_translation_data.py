@@ -17,15 +17,15 @@ import torch
 from helpers import SHARED_DATA, task_data
 
 from attnlab.config.options import variant
-from attnlab.data import seq2seq
 from attnlab.data import tokenizer as tokenizer_module
 from attnlab.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from attnlab.errors import ConfigError
 from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.standard import Standard
 from attnlab.model.transformer import EncoderDecoder
-from attnlab.tasks import translation
-from attnlab.tasks.translation import TranslationDataModule
+from attnlab.tasks.seq2seq import data as seq2seq
+from attnlab.tasks.seq2seq import translation
+from attnlab.tasks.seq2seq.translation import TranslationDataModule
 
 WORDS = {
     "man": "mann",

@@ -13,8 +13,8 @@ from test_translation_data import TINY, indices, sentence_pairs
 
 from attnlab.config.build import build
 from attnlab.errors import ConfigError
-from attnlab.tasks import translation
-from attnlab.tasks.translation import TranslationDataModule
+from attnlab.tasks.seq2seq import translation
+from attnlab.tasks.seq2seq.translation import TranslationDataModule
 
 
 def wmt_datamodule(make_config, tmp_path) -> TranslationDataModule:

@@ -177,7 +177,7 @@ def test_a_translation_run_logs_sacrebleus_signatures_with_its_config(tmp_path):
     from attnlab.config.build import to_dict
     from attnlab.config.groups import ARCHITECTURE
     from attnlab.runner.run import logged_config
-    from attnlab.systems.seq2seq import Seq2SeqSystem
+    from attnlab.tasks.seq2seq.system import Seq2SeqSystem
 
     cfg = compose_config(["task=multi30k", "model=tiny", "pe=t5"], tmp_path)
     architecture = {g: to_dict(cfg[g]) for g in ARCHITECTURE}

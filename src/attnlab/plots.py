@@ -132,34 +132,6 @@ def heatmap_figure(
     return figure
 
 
-def lm_length_figures(
-    curves: Mapping[int, Sequence[float]],
-    ppl: Mapping[str, Mapping[int, float]],
-    bound: int | None,
-) -> tuple[Figure, Figure]:
-    """A language model's loss by position in windows of each evaluation length, and its
-    perplexity by evaluation length (non-overlapping and sliding windows); lengths past the
-    model's positions (`bound`) are marked not applicable."""
-    by_position = Figure(figsize=(7.5, 4.0))
-    ax = by_position.subplots()
-    for length, loss in sorted(curves.items()):
-        ax.plot(range(1, len(loss) + 1), loss, label=f"L = {length}", linewidth=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("position in the window")
-    ax.set_ylabel("loss (nats per token)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    marks = {} if bound is None else {bound: f"positions end ({bound}): n/a past it"}
-    bands = {}
-    for mode, values in ppl.items():
-        lengths = sorted(values)
-        line = [values[n] for n in lengths]
-        bands[mode] = (lengths, line, line, line)  # one run: no range to shade
-    title = "perplexity by evaluation length"
-    by_length = bands_figure({title: bands}, "evaluation length (tokens)", "perplexity", marks)
-    return by_position, by_length
-
-
 def log2_axis(ax: Axes, label: str) -> None:
     """A log-2 x axis labelled in plain numbers (64, not 2^6)."""
     ax.set_xscale("log", base=2)

@@ -6,7 +6,7 @@ answers it, and an empty line (or end of input) ends the conversation. With `inp
 conversation a line, its turns ended by `__eou__` as DailyDialog writes them; the model's
 reply to each conversation's last turn is written, one a line, in order.
 
-The model sees what it saw in training (attnlab.tasks.dialogue): turns normalized, the last
+The model sees what it saw in training (attnlab.tasks.seq2seq.dialogue): turns normalized, the last
 `task.data.context_turns` turns of the conversation, each after its speaker's marker, cut
 from the left to the run's `task.data.batching.max_eval_len` tokens. The run's decode settings apply
 unless `decode.*` changes them (attnlab.commands.translate lists them); sampling draws from one
@@ -30,25 +30,26 @@ from attnlab.commands.translate import (
     stored_data,
     write_output,
 )
+from attnlab.config.build import current
 from attnlab.data.text import read_lines
 from attnlab.data.tokenizer import VOCABULARY_KEY
 from attnlab.errors import ConfigError
 from attnlab.stored import load_system, nested
-from attnlab.tasks.dialogue import END_OF_TURN, examples, normalize
+from attnlab.tasks.seq2seq.dialogue import END_OF_TURN, examples, normalize
 
-DIALOGUE_DATA = "attnlab.tasks.dialogue.DialogueDataModule"
+DIALOGUE_DATA = "attnlab.tasks.seq2seq.dialogue.DialogueDataModule"
 
 
 class Chat:
     """A dialogue model ready to answer conversations (lists of turns)."""
 
     def __init__(self, args: list[str]) -> None:
-        from attnlab.systems.seq2seq import Seq2SeqSystem
+        from attnlab.tasks.seq2seq.system import Seq2SeqSystem
 
         self.settings, decode = requested(args, "chat")
 
         def is_dialogue(task: dict[str, Any]) -> bool:
-            return nested(task, "data").get("_target_") == DIALOGUE_DATA
+            return current(nested(task, "data").get("_target_")) == DIALOGUE_DATA
 
         wanted = "a dialogue checkpoint (a run of task=chitchat or dailydialog)"
         path = str(self.settings["ckpt_path"])

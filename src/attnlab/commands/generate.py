@@ -39,7 +39,7 @@ from attnlab.stored import load_system, nested
 
 if TYPE_CHECKING:
     from attnlab.decoding.encoder_decoder import DecodeConfig
-    from attnlab.systems.lm import LMSystem
+    from attnlab.tasks.lm.system import LMSystem
 
 SETTINGS = ("ckpt_path", "prompt", "max_new_tokens", "samples", "cache")
 DECODE_SETTINGS = ("strategy", "top_k", "top_p", "temperature", "seed")
@@ -152,8 +152,8 @@ def load_language_model(path: str, pe_settings: dict[str, Any] | None = None) ->
     """The language model system a checkpoint holds, in eval mode, on the CPU (as
     `load_system` rebuilds it), with `pe_settings` ({"pe.scaling": "yarn", ...}) set in its
     architecture."""
-    from attnlab.data.stream import TOKENIZER_KEY
-    from attnlab.systems.lm import LMSystem
+    from attnlab.tasks.lm.stream import TOKENIZER_KEY
+    from attnlab.tasks.lm.system import LMSystem
 
     def changes(stored: dict[str, Any]) -> dict[str, Any]:
         if not pe_settings:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from attnlab.errors import ConfigError
 from attnlab.runner.job import compose_run, job_config
 from attnlab.runner.run import build_datamodule
-from attnlab.tasks.lm import LMDataModule
+from attnlab.tasks.lm.data import LMDataModule
 
 
 def composed(overrides: list[str]) -> DictConfig:

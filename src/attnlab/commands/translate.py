@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attnlab.commands.arguments import parse_setting
+from attnlab.config.build import current
 from attnlab.config.values import is_count
 from attnlab.data.text import read_lines, text_line
 from attnlab.data.tokenizer import VOCABULARY_KEY
@@ -33,14 +34,14 @@ from attnlab.errors import ConfigError
 from attnlab.stored import load_system, nested
 
 if TYPE_CHECKING:
-    from attnlab.systems.seq2seq import Seq2SeqSystem
+    from attnlab.tasks.seq2seq.system import Seq2SeqSystem
 
 SETTINGS = ("ckpt_path", "input", "output", "max_tokens")
 DECODE_SETTINGS = (
     "strategy", "beam", "top_k", "top_p", "temperature", "seed", "length_penalty",
     "no_repeat_ngram", "max_len",
 )  # fmt: skip
-TRANSLATION_DATA = "attnlab.tasks.translation.TranslationDataModule"
+TRANSLATION_DATA = "attnlab.tasks.seq2seq.translation.TranslationDataModule"
 DEFAULT_MAX_TOKENS = 4096
 
 
@@ -81,7 +82,7 @@ def batches(lengths: list[int], budget: int) -> Iterator[list[int]]:
 
 def translate(args: list[str]) -> int:
     """Translate what `args` ask for; the number of lines translated."""
-    from attnlab.systems.seq2seq import Seq2SeqSystem
+    from attnlab.tasks.seq2seq.system import Seq2SeqSystem
 
     settings, decode = requested(args, "translate")
     if "input" not in settings:
@@ -89,7 +90,7 @@ def translate(args: list[str]) -> int:
     max_tokens = settings.get("max_tokens", DEFAULT_MAX_TOKENS)
 
     def is_translation(task: dict[str, Any]) -> bool:
-        return nested(task, "data").get("_target_") == TRANSLATION_DATA
+        return current(nested(task, "data").get("_target_")) == TRANSLATION_DATA
 
     wanted = "a translation checkpoint (a run of task=multi30k, wmt or translation)"
     path = str(settings["ckpt_path"])

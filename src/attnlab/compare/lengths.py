@@ -1,32 +1,27 @@
-"""Metrics by length: language-model runs (task=lm) by evaluation length, with their loss by
-position, and the synthetic tasks' exact match by bucket of test lengths (end of file).
+"""Metrics at lengths, for any task that logs `<stage>/<measure>@L`: a language model's
+perplexity at each evaluation length L (`attnlab.tasks.lm.data`), a synthetic task's exact match in
+each bucket of lengths (`attnlab.tasks.synthetic.data`).
 
-An evaluation of a language model logs `<stage>/<measure>@L` for each evaluation length L
-(loss, ppl, ppl_sliding; bpc and bpc_sliding with the char tokenizer) and writes, into the run
-directory, lengths/<stage>.json (each length's numbers) and lengths/<stage>_loss_by_position.csv
-(the mean loss at each position of the non-overlapping windows of each length); see
-`attnlab.systems.lm`. A length beyond the positions the model was built for (pe=learned's
-max_len) is not applicable: logged as NaN and recorded `"applicable": false`. Here it reads
-"n/a"; a NaN for another reason (a run that diverged) stays NaN.
+A run may write lengths/<stage>.json (each length's numbers, and whether its model could
+take that length). A length beyond the positions the model was built for (pe=learned's
+max_len) is not applicable: logged as NaN and recorded `"applicable": false`, or, without
+the record, past its config's smallest max_len. Here it reads "n/a"; a NaN for another
+reason (a run that diverged) stays NaN.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import Configuration, summary
-from attnlab.data.task import WINDOWS
-from attnlab.plots import Band, bands_figure, heatmap_figure, save
+from attnlab.plots import Band
 
 AT_LENGTH = re.compile(r"(?P<measure>(?P<stage>[^/]+)/[^@]+)@(?P<length>\d+)")
 NOT_APPLICABLE = "n/a"
@@ -53,18 +48,6 @@ def record(run: Run, stage: str = STAGE) -> dict[str, Any]:
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
     return found if isinstance(found, dict) else {}
-
-
-def sinks_by_layer(run: Run, stage: str = STAGE) -> dict[int, list[float]]:
-    """length -> the attention sink of each layer there (`sink_by_layer`), as the run's
-    lengths/<stage>.json records it; {} where it measured none (no task.system.sink_windows)."""
-    found = record(run, stage).get("lengths")
-    entries = found.items() if isinstance(found, dict) else []
-    return {
-        int(length): [float(share) for share in entry["sink_by_layer"]]
-        for length, entry in entries
-        if isinstance(entry, dict) and isinstance(entry.get("sink_by_layer"), list)
-    }
 
 
 def max_lens(node: object) -> Iterator[int]:
@@ -148,19 +131,6 @@ def by_length(run: Run, measure: str) -> dict[int, float]:
     return {key[1]: number for key, number in found if key and key[0] == measure}
 
 
-def loss_by_position(run: Run, stage: str = STAGE) -> dict[int, dict[int, float]]:
-    """length -> position -> mean loss there, from lengths/<stage>_loss_by_position.csv (only
-    the lengths the model could take are in it); {} where the run has no such file."""
-    curves: dict[int, dict[int, float]] = {}
-    try:
-        with (run.path / "lengths" / f"{stage}_loss_by_position.csv").open(newline="") as file:
-            for row in csv.DictReader(file):
-                curves.setdefault(int(row["length"]), {})[int(row["position"])] = float(row["loss"])
-    except FileNotFoundError:
-        return {}
-    return curves
-
-
 def band(per_run: list[Mapping[int, float]]) -> Band | None:
     """The mean, smallest and largest value over the runs at each x every run has a finite
     value at; None where there is no such x."""
@@ -187,157 +157,3 @@ def past_bound(config: Configuration, measure: str) -> str:
     bad = [n for n in measured if not all(applicable(r, f"{measure}@{n}") for r in config.runs)]
     good = [n for n in measured if n not in bad]
     return f" (n/a past {max(good)})" if bad and good else " (n/a)" if bad else ""
-
-
-def ppl_bands(configs: list[Configuration], measure: str) -> dict[str, Band]:
-    """Per configuration label: its `measure` by evaluation length, mean and range over seeds."""
-    found = {
-        config.label + past_bound(config, measure): band(
-            [by_length(run, measure) for run in config.runs]
-        )
-        for config in configs
-    }
-    return {label: values for label, values in found.items() if values}
-
-
-def plot_ppl_by_length(configs: list[Configuration], path: Path) -> list[Path]:
-    """Perplexity by evaluation length, non-overlapping and sliding windows side by side: one
-    line per configuration, the mean over its seeds, the range shaded."""
-    panels = {
-        f"{windows.name} windows": ppl_bands(configs, f"{STAGE}/{windows.perplexity}")
-        for windows in WINDOWS
-    }
-    panels = {title: bands for title, bands in panels.items() if bands}
-    if not panels:
-        return []
-    figure = bands_figure(
-        panels, "evaluation length (tokens)", f"{STAGE} perplexity", training_length(configs)
-    )
-    return [save(figure, path)]
-
-
-def position_bands(configs: list[Configuration]) -> dict[str, Band]:
-    """Per configuration: its loss by position in the windows of the longest length every
-    seed's model could take, mean and range over the seeds; labelled with that length."""
-    bands: dict[str, Band] = {}
-    for config in configs:
-        curves = [loss_by_position(run) for run in config.runs]
-        common = set.intersection(*(set(curve) for curve in curves))
-        found = band([curve[max(common)] for curve in curves]) if common else None
-        if found:
-            bands[f"{config.label} (L = {max(common)})"] = found
-    return bands
-
-
-def plot_loss_by_position(configs: list[Configuration], path: Path) -> list[Path]:
-    """Each configuration's test loss at each position of its longest windows
-    (`position_bands`): the mean over its seeds, the range shaded."""
-    bands = position_bands(configs)
-    if not bands:
-        return []
-    panels = {"loss at each position of the non-overlapping windows": bands}
-    figure = bands_figure(
-        panels, "position in the window", f"{STAGE} loss (nats per token)",
-        training_length(configs), log_y=False,
-    )  # fmt: skip
-    return [save(figure, path)]
-
-
-# the synthetic tasks (attnlab.systems.synthetic): exact match by bucket of lengths
-
-ACCURACY = f"{STAGE}/acc"
-
-
-def by_task(configs: list[Configuration]) -> dict[str, dict[str, Configuration]]:
-    """task -> the configuration's label without the task -> configuration, for the
-    configurations that logged exact match by length."""
-    grouped: dict[str, dict[str, Configuration]] = {}
-    for config in configs:
-        if not lengths(config.runs, ACCURACY):
-            continue
-        task = str(config.runs[0].setting("task.name"))
-        grouped.setdefault(task, {})[config.label_without("task")] = config
-    return grouped
-
-
-def plot_accuracy_by_length(configs: list[Configuration], path: Path) -> list[Path]:
-    """Test exact match by bucket of lengths (named by its longest), a panel per task: one
-    line per configuration, the mean over its seeds, the range shaded."""
-    panels = {
-        task: {
-            label: found
-            for label, config in found_configs.items()
-            if (found := band([by_length(run, ACCURACY) for run in config.runs]))
-        }
-        for task, found_configs in by_task(configs).items()
-    }
-    panels = {task: bands for task, bands in panels.items() if bands}
-    if not panels:
-        return []
-    figure = bands_figure(
-        panels, "test length (the longest of each bucket)", "test exact match", {}, log_y=False
-    )
-    return [save(figure, path)]
-
-
-def longest_bucket_matrix(
-    configs: list[Configuration],
-) -> tuple[list[list[float]], list[str], list[str]]:
-    """Mean test exact match over seeds in each task's longest bucket: [tasks, labels] (NaN
-    where a configuration did not run a task or that bucket), with the task and label names."""
-    grouped = by_task(configs)
-    labels = list(dict.fromkeys(label for found in grouped.values() for label in found))
-    matrix = []
-    for found in grouped.values():
-        longest = max(lengths([run for c in found.values() for run in c.runs], ACCURACY))
-        values = [found[label].values(f"{ACCURACY}@{longest}") if label in found else []
-                  for label in labels]  # fmt: skip
-        matrix.append([sum(v) / len(v) if v else math.nan for v in values])
-    return matrix, list(grouped), labels
-
-
-def plot_longest_bucket(configs: list[Configuration], path: Path) -> list[Path]:
-    """A heat map of tasks x configurations: exact match in each task's longest bucket."""
-    matrix, tasks, labels = longest_bucket_matrix(configs)
-    if not tasks:
-        return []
-    title = "test exact match in each task's longest bucket (mean over seeds)"
-    figure = heatmap_figure(np.array(matrix), tasks, labels, title, ("configuration", "task"))
-    return [save(figure, path)]
-
-
-def longer_accuracy(run: Run) -> float | None:
-    """A run's mean test exact match over its buckets past the first (the training lengths):
-    how well it generalizes to longer inputs; None without such buckets."""
-    found = by_length(run, ACCURACY)
-    longer = [found[end] for end in sorted(found)[1:]]
-    return sum(longer) / len(longer) if longer else None
-
-
-def longer_accuracies(config: Configuration) -> list[float]:
-    """`longer_accuracy` of each of the configuration's seeds that has one."""
-    return [found for run in config.runs if (found := longer_accuracy(run)) is not None]
-
-
-def reciprocal_ranks(
-    grouped: dict[str, dict[str, Configuration]],
-) -> dict[str, dict[str, list[float]]]:
-    """label -> task -> 1/rank of its configuration in each seed of the task that both ran,
-    ranked by `longer_accuracy`, best first, tied values sharing their mean rank (Kazemnejad
-    et al. 2023, Fig. 1, rank exact match per task and seed and average 1/rank)."""
-    ranks: dict[str, dict[str, list[float]]] = {}
-    for task, found in grouped.items():
-        by_seed: dict[str, dict[str, float]] = {}
-        for label, config in found.items():
-            for run in config.runs:
-                score = longer_accuracy(run)
-                if score is not None:
-                    by_seed.setdefault(str(run.setting("seed")), {})[label] = score
-        for scores in by_seed.values():
-            for label, score in scores.items():
-                better = sum(other > score for other in scores.values())
-                tied = sum(other == score for other in scores.values())
-                ranks.setdefault(label, {}).setdefault(task, []).append(
-                    1 / (better + (tied + 1) / 2)
-                )
-    return ranks

@@ -26,22 +26,12 @@ table names them and why. Needs no service: only the run directories.
 from __future__ import annotations
 
 import csv
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from attnlab.compare.lengths import (
-    NOT_APPLICABLE,
-    order,
-    plot_accuracy_by_length,
-    plot_longest_bucket,
-    plot_loss_by_position,
-    plot_ppl_by_length,
-    seeds_summary,
-    value,
-)
+from attnlab.compare.lengths import NOT_APPLICABLE, order, seeds_summary, value
 from attnlab.compare.runs import BY_POSITION, Run, find_runs
 from attnlab.compare.seeds import (
     MIN_SEEDS,
@@ -52,10 +42,12 @@ from attnlab.compare.seeds import (
     standing,
     summary,
 )
+from attnlab.compare.table import Row, format_cell, markdown_table
 from attnlab.errors import ConfigError
 from attnlab.plots import curves_figure, heatmap_figure, save
+from attnlab.tasks.lm.report import plot_loss_by_position, plot_ppl_by_length
+from attnlab.tasks.synthetic.report import plot_accuracy_by_length, plot_longest_bucket
 
-Row = dict[str, object]
 THROUGHPUT = "train/tokens_per_s"  # attnlab.runner.callbacks.TokenThroughput
 
 
@@ -156,25 +148,6 @@ def sort_key(run: Run, cells: Row) -> tuple[int, float]:
     if not isinstance(best, float):
         return (1, 0.0)
     return (0, -best if run.setting("task.metric_mode") != "min" else best)
-
-
-def format_cell(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(rows: list[Row]) -> str:
-    columns = list(dict.fromkeys(key for cells in rows for key in cells))
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += [
-        "| " + " | ".join(format_cell(cells.get(c)) for c in columns) + " |" for cells in rows
-    ]
-    return "\n".join(lines)
 
 
 def write_csv(rows: list[Row], path: Path) -> None:

@@ -57,19 +57,9 @@ from pathlib import Path
 
 from attnlab.compare.blocks import bleu_margin, block_options, named
 from attnlab.compare.budget import budget
-from attnlab.compare.generalization import generalization_contrasts, generalization_table
-from attnlab.compare.lengths import (
-    STAGE,
-    lengths,
-    plot_accuracy_by_length,
-    plot_ppl_by_length,
-    seeds_summary,
-)
-from attnlab.compare.probe import extrapolation_table, probe_table
+from attnlab.compare.lengths import STAGE
 from attnlab.compare.report import (
-    Row,
     configurations_table,
-    markdown_table,
     plot_by_position,
     plot_configuration_curves,
     swept_keys,
@@ -77,10 +67,16 @@ from attnlab.compare.report import (
 from attnlab.compare.runs import Run, find_runs
 from attnlab.compare.seeds import Configuration, configurations
 from attnlab.compare.significance import HYPOTHESES, bootstrap_table
-from attnlab.compare.sinks import plot_sinks, sinks_table
-from attnlab.data.task import WINDOWS
 from attnlab.errors import ConfigError
 from attnlab.plots import stamp, stamped
+from attnlab.tasks.lm.report import lengths_table, plot_ppl_by_length
+from attnlab.tasks.lm.sinks import plot_sinks, sinks_table
+from attnlab.tasks.probe.report import extrapolation_table, probe_table
+from attnlab.tasks.synthetic.report import (
+    generalization_contrasts,
+    generalization_table,
+    plot_accuracy_by_length,
+)
 
 RECORD = (
     ".hydra/config.yaml",
@@ -113,27 +109,6 @@ def archive(sweep: Path, destination: Path) -> int:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(run / name, target)
     return len(runs)
-
-
-def lengths_table(configs: list[Configuration]) -> str:
-    """Per configuration and kind of windows: the test perplexity at each evaluation length,
-    the mean and the half-width of its 95% t interval over the seeds; n/a at a length the
-    configuration's model cannot take."""
-    runs = [run for config in configs for run in config.runs]
-    rows = []
-    for config in configs:
-        for windows in WINDOWS:
-            measure = f"{STAGE}/{windows.perplexity}"
-            cells: Row = {**config.setting, "seeds": len(config.runs), "windows": windows.name}
-            for length in lengths(runs, measure):
-                metric = f"{measure}@{length}"
-                cells[f"L={length}"] = seeds_summary(config, metric)
-            rows.append(cells)
-    legend = (
-        "Test perplexity at each evaluation length L: the mean ± the half-width of its 95% t "
-        "interval over the seeds; n/a: longer than the model's positions."
-    )
-    return f"{legend}\n\n{markdown_table(rows)}"
 
 
 @dataclass(frozen=True)

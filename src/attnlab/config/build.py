@@ -56,6 +56,33 @@ def _locate(path: str) -> Any:
     raise ImportError(path)
 
 
+# Each task family's data, system and report moved into one package (attnlab.tasks.<family>);
+# runs recorded before still resume, evaluate and export.
+MOVED = {  # the `_target_` a run's config or checkpoint recorded -> where its class is now
+    "attnlab.tasks.lm.LMDataModule": "attnlab.tasks.lm.data.LMDataModule",
+    "attnlab.systems.lm.LMSystem": "attnlab.tasks.lm.system.LMSystem",
+    "attnlab.tasks.synthetic.SyntheticData": "attnlab.tasks.synthetic.data.SyntheticData",
+    "attnlab.systems.synthetic.SyntheticSystem": "attnlab.tasks.synthetic.system.SyntheticSystem",
+    "attnlab.tasks.addition.Addition": "attnlab.tasks.synthetic.addition.Addition",
+    "attnlab.tasks.copy.Copy": "attnlab.tasks.synthetic.copy.Copy",
+    "attnlab.tasks.mqar.MQAR": "attnlab.tasks.synthetic.mqar.MQAR",
+    "attnlab.tasks.parity.Parity": "attnlab.tasks.synthetic.parity.Parity",
+    "attnlab.tasks.passkey.Passkey": "attnlab.tasks.synthetic.passkey.Passkey",
+    "attnlab.tasks.reverse.Reverse": "attnlab.tasks.synthetic.reverse.Reverse",
+    "attnlab.tasks.sort.Sort": "attnlab.tasks.synthetic.sort.Sort",
+    "attnlab.tasks.probe.ProbeDataModule": "attnlab.tasks.probe.data.ProbeDataModule",
+    "attnlab.systems.tagger.TaggerSystem": "attnlab.tasks.probe.system.TaggerSystem",
+    "attnlab.tasks.translation.TranslationDataModule": "attnlab.tasks.seq2seq.translation.TranslationDataModule",
+    "attnlab.tasks.dialogue.DialogueDataModule": "attnlab.tasks.seq2seq.dialogue.DialogueDataModule",
+    "attnlab.systems.seq2seq.Seq2SeqSystem": "attnlab.tasks.seq2seq.system.Seq2SeqSystem",
+}
+
+
+def current(target: Any) -> Any:
+    """Where the class a recorded `_target_` names is now (`MOVED`); anything else as it is."""
+    return MOVED.get(target, target) if isinstance(target, str) else target
+
+
 OWN = ("attnlab.",)
 MACHINERY = ("attnlab.", "lightning.")  # a run's trainer, loggers and callbacks
 
@@ -63,7 +90,7 @@ MACHINERY = ("attnlab.", "lightning.")  # a run's trainer, loggers and callbacks
 def own_class(target: Any, roots: tuple[str, ...] = OWN) -> type:
     """The class `target` names, if it is one of attnlab's (or, with `roots`, of those
     packages); else a ConfigError."""
-    found = None
+    found, target = None, current(target)
     if isinstance(target, str) and target.startswith(roots):
         with contextlib.suppress(ImportError, AttributeError):
             found = _locate(target)

@@ -1,4 +1,4 @@
-"""Where a language model's text comes from (`task.data.source`), as attnlab.tasks.lm reads
+"""Where a language model's text comes from (`task.data.source`), as attnlab.tasks.lm.data reads
 it: a directory of {train,valid,test}.txt, one file cut by fractions, a hub dataset's text
 column (each split a text of its own), or a corpus of documents, from files or streamed from
 the hub, encoded as one stream whose held-out splits are its last tokens. Each gives its splits as units to encode, where a split

@@ -24,7 +24,7 @@ from attnlab.memory import check_free
 from attnlab.model.transformer import DecoderLM
 
 if TYPE_CHECKING:
-    from attnlab.data.stream import StreamTokenizer
+    from attnlab.tasks.lm.stream import StreamTokenizer
 
 LM_STRATEGIES = ("greedy", "top_k", "nucleus")
 DEFAULT_NEW_TOKENS = 200

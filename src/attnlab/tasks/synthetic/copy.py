@@ -18,7 +18,13 @@ from __future__ import annotations
 import random
 
 from attnlab.config.values import require_counts
-from attnlab.tasks.synthetic import OPTIONS, Example, random_symbols, require_flags, require_length
+from attnlab.tasks.synthetic.data import (
+    OPTIONS,
+    Example,
+    random_symbols,
+    require_flags,
+    require_length,
+)
 
 
 class Copy:

@@ -14,7 +14,7 @@ import random
 
 from attnlab.config.values import is_count
 from attnlab.errors import ConfigError
-from attnlab.tasks.synthetic import OPTIONS, Example, random_symbols, require_length
+from attnlab.tasks.synthetic.data import OPTIONS, Example, random_symbols, require_length
 
 
 class Sort:

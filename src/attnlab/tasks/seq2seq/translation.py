@@ -13,7 +13,7 @@ A local split's identity (what its caches are keyed by) is its files' content di
 (attnlab.data.digest); a hub split's, the dataset, subset and revision. Misaligned files,
 undecodable bytes and missing files stop with a ConfigError that says what to fix.
 Tokenizers, token caches and batching are the sequence-to-sequence data layer's
-(attnlab.data.seq2seq); wmt_sample has no test split, which is recorded as absent.
+(attnlab.tasks.seq2seq.data); wmt_sample has no test split, which is recorded as absent.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import numpy as np
 from attnlab.data.corpus import Corpus, Pair
 from attnlab.data.digest import file_digest
 from attnlab.data.hub import HUB_BATCH, HUB_SPLIT_NAMES, load_hub
-from attnlab.data.seq2seq import Seq2SeqDataModule
 from attnlab.data.text import count_lines, read_lines
 from attnlab.errors import ConfigError
+from attnlab.tasks.seq2seq.data import Seq2SeqDataModule
 
 SOURCES = ("hub", "local")
 

@@ -4,7 +4,7 @@ Delétang et al. 2023, "Neural Networks and the Chomsky Hierarchy", ICLR 2023, a
 2207.02098, reverse string): the output is the input in reverse order.
 
 Length = the number of input symbols; the output has the same length. Symbols 0..alphabet−1
-are drawn independently and uniformly, as in attnlab.tasks.copy. In `input SEP output` the
+are drawn independently and uniformly, as in attnlab.tasks.synthetic.copy. In `input SEP output` the
 i-th output token (i = 0..length−1) copies the input token 2i+2 positions back, so longer
 inputs ask for distances never seen in training.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 from attnlab.config.values import require_counts
-from attnlab.tasks.synthetic import OPTIONS, Example, random_symbols, require_length
+from attnlab.tasks.synthetic.data import OPTIONS, Example, random_symbols, require_length
 
 
 class Reverse:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 
-from attnlab.tasks.synthetic import Example, require_flags, require_length
+from attnlab.tasks.synthetic.data import Example, require_flags, require_length
 
 PLUS = 10
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from attnlab.tasks.synthetic import Example, random_symbols, require_length
+from attnlab.tasks.synthetic.data import Example, random_symbols, require_length
 
 
 class Parity:

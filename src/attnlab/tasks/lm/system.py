@@ -32,7 +32,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from attnlab.config.values import require_counts
-from attnlab.data.stream import TOKENIZER_KEY, StreamTokenizer, restore_tokenizer
 from attnlab.data.task import NON_OVERLAPPING, WINDOWS, TaskData, WindowBatch, Windows
 from attnlab.decoding.decoder_only import continuations
 from attnlab.decoding.encoder_decoder import DecodeConfig
@@ -40,9 +39,11 @@ from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM
-from attnlab.plots import lm_length_figures, save
+from attnlab.plots import save
 from attnlab.systems.base import System
 from attnlab.systems.optim import Optim
+from attnlab.tasks.lm.report import lm_length_figures
+from attnlab.tasks.lm.stream import TOKENIZER_KEY, StreamTokenizer, restore_tokenizer
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)

@@ -27,7 +27,7 @@ import random
 
 from attnlab.config.values import is_number, require_counts
 from attnlab.errors import ConfigError
-from attnlab.tasks.synthetic import OPTIONS, Example, require_length
+from attnlab.tasks.synthetic.data import OPTIONS, Example, require_length
 
 KEY, QUERY, FILLER = 10, 11, 12
 

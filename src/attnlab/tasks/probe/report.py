@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnlab.compare.report import Row, markdown_table
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import Configuration, summary
+from attnlab.compare.table import Row, markdown_table
 from attnlab.config.build import to_dict
 from attnlab.config.groups import VARIANTS
 from attnlab.config.options import options, variant

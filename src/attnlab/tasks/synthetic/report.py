@@ -12,16 +12,113 @@ task that no run of any configuration learned ranks failures: it is left out, an
 
 from __future__ import annotations
 
-from attnlab.compare.lengths import (
-    ACCURACY,
-    by_task,
-    lengths,
-    longer_accuracies,
-    reciprocal_ranks,
-)
-from attnlab.compare.report import Row, markdown_table
+import math
+from pathlib import Path
+
+import numpy as np
+
+from attnlab.compare.lengths import STAGE, band, by_length, lengths
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import Configuration, compared, paired_compared, summary
+from attnlab.compare.table import Row, markdown_table
+from attnlab.plots import bands_figure, heatmap_figure, save
+
+ACCURACY = f"{STAGE}/acc"
+
+
+def by_task(configs: list[Configuration]) -> dict[str, dict[str, Configuration]]:
+    """task -> the configuration's label without the task -> configuration, for the
+    configurations that logged exact match by length."""
+    grouped: dict[str, dict[str, Configuration]] = {}
+    for config in configs:
+        if not lengths(config.runs, ACCURACY):
+            continue
+        task = str(config.runs[0].setting("task.name"))
+        grouped.setdefault(task, {})[config.label_without("task")] = config
+    return grouped
+
+
+def plot_accuracy_by_length(configs: list[Configuration], path: Path) -> list[Path]:
+    """Test exact match by bucket of lengths (named by its longest), a panel per task: one
+    line per configuration, the mean over its seeds, the range shaded."""
+    panels = {
+        task: {
+            label: found
+            for label, config in found_configs.items()
+            if (found := band([by_length(run, ACCURACY) for run in config.runs]))
+        }
+        for task, found_configs in by_task(configs).items()
+    }
+    panels = {task: bands for task, bands in panels.items() if bands}
+    if not panels:
+        return []
+    figure = bands_figure(
+        panels, "test length (the longest of each bucket)", "test exact match", {}, log_y=False
+    )
+    return [save(figure, path)]
+
+
+def longest_bucket_matrix(
+    configs: list[Configuration],
+) -> tuple[list[list[float]], list[str], list[str]]:
+    """Mean test exact match over seeds in each task's longest bucket: [tasks, labels] (NaN
+    where a configuration did not run a task or that bucket), with the task and label names."""
+    grouped = by_task(configs)
+    labels = list(dict.fromkeys(label for found in grouped.values() for label in found))
+    matrix = []
+    for found in grouped.values():
+        longest = max(lengths([run for c in found.values() for run in c.runs], ACCURACY))
+        values = [found[label].values(f"{ACCURACY}@{longest}") if label in found else []
+                  for label in labels]  # fmt: skip
+        matrix.append([sum(v) / len(v) if v else math.nan for v in values])
+    return matrix, list(grouped), labels
+
+
+def plot_longest_bucket(configs: list[Configuration], path: Path) -> list[Path]:
+    """A heat map of tasks x configurations: exact match in each task's longest bucket."""
+    matrix, tasks, labels = longest_bucket_matrix(configs)
+    if not tasks:
+        return []
+    title = "test exact match in each task's longest bucket (mean over seeds)"
+    figure = heatmap_figure(np.array(matrix), tasks, labels, title, ("configuration", "task"))
+    return [save(figure, path)]
+
+
+def longer_accuracy(run: Run) -> float | None:
+    """A run's mean test exact match over its buckets past the first (the training lengths):
+    how well it generalizes to longer inputs; None without such buckets."""
+    found = by_length(run, ACCURACY)
+    longer = [found[end] for end in sorted(found)[1:]]
+    return sum(longer) / len(longer) if longer else None
+
+
+def longer_accuracies(config: Configuration) -> list[float]:
+    """`longer_accuracy` of each of the configuration's seeds that has one."""
+    return [found for run in config.runs if (found := longer_accuracy(run)) is not None]
+
+
+def reciprocal_ranks(
+    grouped: dict[str, dict[str, Configuration]],
+) -> dict[str, dict[str, list[float]]]:
+    """label -> task -> 1/rank of its configuration in each seed of the task that both ran,
+    ranked by `longer_accuracy`, best first, tied values sharing their mean rank (Kazemnejad
+    et al. 2023, Fig. 1, rank exact match per task and seed and average 1/rank)."""
+    ranks: dict[str, dict[str, list[float]]] = {}
+    for task, found in grouped.items():
+        by_seed: dict[str, dict[str, float]] = {}
+        for label, config in found.items():
+            for run in config.runs:
+                score = longer_accuracy(run)
+                if score is not None:
+                    by_seed.setdefault(str(run.setting("seed")), {})[label] = score
+        for scores in by_seed.values():
+            for label, score in scores.items():
+                better = sum(other > score for other in scores.values())
+                tied = sum(other == score for other in scores.values())
+                ranks.setdefault(label, {}).setdefault(task, []).append(
+                    1 / (better + (tied + 1) / 2)
+                )
+    return ranks
 
 
 def learned(run: Run) -> bool | None:

@@ -3,7 +3,7 @@
 A language-model run tested with `task.system.sink_windows=N` records in lengths/test.json,
 at each evaluation length L, `sink_by_layer`: per layer, the share of attention weight that
 queries 1..L−1 give their window's first token, averaged over heads and queries, over the
-first N whole test windows of length L (`attnlab.systems.lm`). Uniform causal attention gives
+first N whole test windows of length L (`attnlab.tasks.lm.system`). Uniform causal attention gives
 the first token (H_L − 1)/(L − 1), H_L the L-th harmonic number: the share without a sink.
 """
 
@@ -17,12 +17,12 @@ from attnlab.compare.lengths import (
     STAGE,
     applicable,
     lengths,
-    sinks_by_layer,
+    record,
     training_length,
 )
-from attnlab.compare.report import Row, markdown_table
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import Configuration, interval, number, summary
+from attnlab.compare.table import Row, markdown_table
 from attnlab.plots import Band, bands_figure, save
 
 MEASURE = f"{STAGE}/sink"  # logged at each length L as test/sink@L (the mean over layers)
@@ -31,6 +31,18 @@ DIGITS = 4  # uniform attention gives 0.0128 at L = 512: three decimals would bl
 WIDEST = 6  # the most lengths the table shows; past it, the shortest and the longest
 UNIFORM = "uniform attention (no sink)"
 Sinks = dict[int, list[float]]  # one run's: length -> the sink of each layer there
+
+
+def sinks_by_layer(run: Run, stage: str = STAGE) -> dict[int, list[float]]:
+    """length -> the attention sink of each layer there (`sink_by_layer`), as the run's
+    lengths/<stage>.json records it; {} where it measured none (no task.system.sink_windows)."""
+    found = record(run, stage).get("lengths")
+    entries = found.items() if isinstance(found, dict) else []
+    return {
+        int(length): [float(share) for share in entry["sink_by_layer"]]
+        for length, entry in entries
+        if isinstance(entry, dict) and isinstance(entry.get("sink_by_layer"), list)
+    }
 
 
 def uniform_share(length: int) -> float:

@@ -13,7 +13,7 @@ Sources (`source`):
          documents, held out as a corpus; keyed by the commit `revision` resolves to.
 Each is a class of attnlab.data.text_sources.
 
-Tokenizers, the stream cache and evaluation windows: attnlab.data.stream. Training draws
+Tokenizers, the stream cache and evaluation windows: attnlab.tasks.lm.stream. Training draws
 `batch_size` windows of `block_size` + 1 tokens at random offsets of the training stream (an
 epoch is `train_windows` of them, by default as many as the stream has tokens / block_size),
 seeded by `seed` and the epoch and restored exactly on resume (attnlab.data.loader); DDP
@@ -36,7 +36,12 @@ from torch.utils.data import DataLoader
 from attnlab.config.values import require_counts
 from attnlab.data.batching import TokenBatchSampler
 from attnlab.data.loader import ResumableLoader
-from attnlab.data.stream import (
+from attnlab.data.task import NON_OVERLAPPING, WINDOWS, TaskData, Windows
+from attnlab.data.text import available_cores
+from attnlab.data.text_sources import SPLITS, make_source
+from attnlab.data.tokenizer import TokenizerSettings, build_once, cache_key, load_or_train
+from attnlab.errors import ConfigError
+from attnlab.tasks.lm.stream import (
     TOKENIZER_KEY,
     CharTokenizer,
     EvalWindows,
@@ -48,11 +53,6 @@ from attnlab.data.stream import (
     open_stream,
     restore_tokenizer,
 )
-from attnlab.data.task import NON_OVERLAPPING, WINDOWS, TaskData, Windows
-from attnlab.data.text import available_cores
-from attnlab.data.text_sources import SPLITS, make_source
-from attnlab.data.tokenizer import TokenizerSettings, build_once, cache_key, load_or_train
-from attnlab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

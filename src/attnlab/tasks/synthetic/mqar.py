@@ -52,7 +52,7 @@ from typing import Any, ClassVar
 
 from attnlab.config.values import is_count, is_number, require_counts
 from attnlab.errors import ConfigError
-from attnlab.tasks.synthetic import OPTIONS, Example, require_flags, require_length
+from attnlab.tasks.synthetic.data import OPTIONS, Example, require_flags, require_length
 
 FILLER = 0
 LAYOUTS = ("zoology", "answers_after")

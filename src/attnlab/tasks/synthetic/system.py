@@ -1,11 +1,11 @@
-"""The system of the synthetic length-generalization tasks (attnlab.tasks.synthetic): train on
+"""The system of the synthetic length-generalization tasks (attnlab.tasks.synthetic.data): train on
 short inputs, score greedy answers on longer ones.
 
 `arch=decoder`: one causal stack reads `input SEP output EOS`, with the next-token loss on
 `output EOS` only. `arch=encoder_decoder`: the encoder reads the input, the decoder `SEP
 output` and predicts `output EOS`. Evaluation decodes greedily over the key/value cache, as
 many steps as the answer has tokens (an answer that has not ended by then is wrong anyway),
-feeding an output's given tokens as they are (attnlab.tasks.synthetic), and scores each
+feeding an output's given tokens as they are (attnlab.tasks.synthetic.data), and scores each
 example's `output EOS` position by position against the decoded tokens, given ones excluded:
 `acc` is exact match (every position right: the output, then the end exactly there),
 `token_acc` the share of right positions; `loss` is the teacher-forced loss per answer token.
@@ -31,7 +31,7 @@ from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM, EncoderDecoder
 from attnlab.systems.base import System
 from attnlab.systems.optim import Optim
-from attnlab.tasks.synthetic import ARCHS, Specials
+from attnlab.tasks.synthetic.data import ARCHS, Specials
 
 SPLITS = {"val": "valid", "test": "test"}
 TALLIES = ("examples", "exact", "right_tokens", "tokens", "nll")  # a row per bucket

@@ -27,7 +27,7 @@ Examples: every turn after the first is a response; its context is the `context_
 before it, each after its speaker's marker (<a> for the conversation's first speaker, <b>
 for the other; SentencePiece keeps them whole). Contexts longer than `max_len` tokens are cut
 from the left (their latest turns kept), not dropped. Tokenizers, token caches and batching
-are the sequence-to-sequence data layer's (attnlab.data.seq2seq).
+are the sequence-to-sequence data layer's (attnlab.tasks.seq2seq.data).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from attnlab.config.values import require_counts
 from attnlab.data.corpus import SPLITS, Pair
 from attnlab.data.digest import file_digest
 from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub
-from attnlab.data.seq2seq import Seq2SeqDataModule
 from attnlab.data.text import read_lines
 from attnlab.errors import ConfigError
+from attnlab.tasks.seq2seq.data import Seq2SeqDataModule
 
 log = logging.getLogger(__name__)
 

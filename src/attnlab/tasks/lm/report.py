@@ -1,0 +1,149 @@
+"""A language model's perplexity by evaluation length, and its loss by position: RESULTS.md's
+`lengths` kind and `attnlab compare`'s plots of language-model runs.
+
+An evaluation logs `<stage>/<measure>@L` for each evaluation length L (loss, ppl,
+ppl_sliding; bpc and bpc_sliding with the char tokenizer) and writes, into the run
+directory, lengths/<stage>.json (each length's numbers) and
+lengths/<stage>_loss_by_position.csv (the mean loss at each position of the non-overlapping
+windows of each length), with one run's figures of both (`lm_length_figures`); see
+`attnlab.tasks.lm.system`.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from attnlab.compare.lengths import (
+    STAGE,
+    band,
+    by_length,
+    lengths,
+    past_bound,
+    seeds_summary,
+    training_length,
+)
+from attnlab.compare.runs import Run
+from attnlab.compare.seeds import Configuration
+from attnlab.compare.table import Row, markdown_table
+from attnlab.data.task import WINDOWS
+from attnlab.plots import Band, bands_figure, save
+
+
+def loss_by_position(run: Run, stage: str = STAGE) -> dict[int, dict[int, float]]:
+    """length -> position -> mean loss there, from lengths/<stage>_loss_by_position.csv (only
+    the lengths the model could take are in it); {} where the run has no such file."""
+    curves: dict[int, dict[int, float]] = {}
+    try:
+        with (run.path / "lengths" / f"{stage}_loss_by_position.csv").open(newline="") as file:
+            for row in csv.DictReader(file):
+                curves.setdefault(int(row["length"]), {})[int(row["position"])] = float(row["loss"])
+    except FileNotFoundError:
+        return {}
+    return curves
+
+
+def ppl_bands(configs: list[Configuration], measure: str) -> dict[str, Band]:
+    """Per configuration label: its `measure` by evaluation length, mean and range over seeds."""
+    found = {
+        config.label + past_bound(config, measure): band(
+            [by_length(run, measure) for run in config.runs]
+        )
+        for config in configs
+    }
+    return {label: values for label, values in found.items() if values}
+
+
+def plot_ppl_by_length(configs: list[Configuration], path: Path) -> list[Path]:
+    """Perplexity by evaluation length, non-overlapping and sliding windows side by side: one
+    line per configuration, the mean over its seeds, the range shaded."""
+    panels = {
+        f"{windows.name} windows": ppl_bands(configs, f"{STAGE}/{windows.perplexity}")
+        for windows in WINDOWS
+    }
+    panels = {title: bands for title, bands in panels.items() if bands}
+    if not panels:
+        return []
+    figure = bands_figure(
+        panels, "evaluation length (tokens)", f"{STAGE} perplexity", training_length(configs)
+    )
+    return [save(figure, path)]
+
+
+def position_bands(configs: list[Configuration]) -> dict[str, Band]:
+    """Per configuration: its loss by position in the windows of the longest length every
+    seed's model could take, mean and range over the seeds; labelled with that length."""
+    bands: dict[str, Band] = {}
+    for config in configs:
+        curves = [loss_by_position(run) for run in config.runs]
+        common = set.intersection(*(set(curve) for curve in curves))
+        found = band([curve[max(common)] for curve in curves]) if common else None
+        if found:
+            bands[f"{config.label} (L = {max(common)})"] = found
+    return bands
+
+
+def plot_loss_by_position(configs: list[Configuration], path: Path) -> list[Path]:
+    """Each configuration's test loss at each position of its longest windows
+    (`position_bands`): the mean over its seeds, the range shaded."""
+    bands = position_bands(configs)
+    if not bands:
+        return []
+    panels = {"loss at each position of the non-overlapping windows": bands}
+    figure = bands_figure(
+        panels, "position in the window", f"{STAGE} loss (nats per token)",
+        training_length(configs), log_y=False,
+    )  # fmt: skip
+    return [save(figure, path)]
+
+
+def lengths_table(configs: list[Configuration]) -> str:
+    """Per configuration and kind of windows: the test perplexity at each evaluation length,
+    the mean and the half-width of its 95% t interval over the seeds; n/a at a length the
+    configuration's model cannot take."""
+    runs = [run for config in configs for run in config.runs]
+    rows = []
+    for config in configs:
+        for windows in WINDOWS:
+            measure = f"{STAGE}/{windows.perplexity}"
+            cells: Row = {**config.setting, "seeds": len(config.runs), "windows": windows.name}
+            for length in lengths(runs, measure):
+                metric = f"{measure}@{length}"
+                cells[f"L={length}"] = seeds_summary(config, metric)
+            rows.append(cells)
+    legend = (
+        "Test perplexity at each evaluation length L: the mean ± the half-width of its 95% t "
+        "interval over the seeds; n/a: longer than the model's positions."
+    )
+    return f"{legend}\n\n{markdown_table(rows)}"
+
+
+def lm_length_figures(
+    curves: Mapping[int, Sequence[float]],
+    ppl: Mapping[str, Mapping[int, float]],
+    bound: int | None,
+) -> tuple[Figure, Figure]:
+    """A language model's loss by position in windows of each evaluation length, and its
+    perplexity by evaluation length (non-overlapping and sliding windows); lengths past the
+    model's positions (`bound`) are marked not applicable."""
+    by_position = Figure(figsize=(7.5, 4.0))
+    ax = by_position.subplots()
+    for length, loss in sorted(curves.items()):
+        ax.plot(range(1, len(loss) + 1), loss, label=f"L = {length}", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("position in the window")
+    ax.set_ylabel("loss (nats per token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    marks = {} if bound is None else {bound: f"positions end ({bound}): n/a past it"}
+    bands = {}
+    for mode, values in ppl.items():
+        lengths = sorted(values)
+        line = [values[n] for n in lengths]
+        bands[mode] = (lengths, line, line, line)  # one run: no range to shade
+    title = "perplexity by evaluation length"
+    by_length = bands_figure({title: bands}, "evaluation length (tokens)", "perplexity", marks)
+    return by_position, by_length

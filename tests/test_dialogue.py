@@ -313,10 +313,10 @@ def test_a_tiny_model_learns_32_real_exchanges_by_heart(make_config):
         [
             "task=chitchat", *TINY_RUN[:3], "task.data.batching.train_size=32", "model.d_model=64",
             "model.dropout=0.0", "task.system.label_smoothing=0.0", "task.optim.lr=3e-3",
-            "task.optim.warmup_steps=20", "task.optim.schedule=constant", "trainer.max_epochs=300",
+            "task.optim.warmup_steps=20", "task.optim.schedule=constant", "trainer.max_epochs=450",
             "+trainer.limit_val_batches=1", "trainer.check_val_every_n_epoch=100",
             "task.system.val_generate=4", "test=false",
         ]
     )  # fmt: skip
-    metrics = train(cfg)
+    metrics = train(cfg)  # 300 epochs ended mid-descent: 0.03-0.08 by thread count; 450: 1e-4
     assert metrics["train/loss"] < 0.05

@@ -29,6 +29,15 @@ SMALL_DATA = {
 SMALL_DATA |= {
     task: ["task.data.train_size=64"] for task in options("task") if task not in SMALL_DATA
 }
+SMALL_EXPERIMENT = {  # an experiment its task's small data does not fit: GPT-2 small's corpus
+    "lm_gpt2_small": [
+        f"task.data.dir={SHAKESPEARE}", "task.data.vocab_size=256", "task.data.tokenizer_lines=2000",
+        "task.data.block_size=64", "task.data.batch_size=2", "task.data.tokens_per_step=128",
+        "task.data.val_tokens=512", "task.data.eval_lengths=[64,128]",
+        "task.data.eval_batch_tokens=512", "pe.max_len=128", "model.d_model=64", "model.n_heads=4",
+        "model.n_layers=2", "model.d_ff=128",
+    ],
+}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -41,7 +50,7 @@ def test_every_experiment_runs_one_fast_dev_run_job(experiment, make_config, tmp
         pytest.skip(f"the shared Tiny Shakespeare is not at {SHAKESPEARE}")
     cfg = make_config(
         [f"experiment={experiment}", "model=tiny", "debug=fast", f"paths.data_dir={tmp_path}",
-         *SMALL_DATA[task]]
+         *SMALL_DATA[task], *SMALL_EXPERIMENT.get(experiment, [])]
     )  # fmt: skip
     metrics = train(cfg)
     assert metrics["train/loss"] > 0

@@ -6,6 +6,7 @@ draw is one case, named by its seed."""
 
 from __future__ import annotations
 
+import csv
 import functools
 import random
 import signal
@@ -164,9 +165,35 @@ def test_a_run_killed_during_a_save_resumes_to_the_uninterrupted_run(
         command(*KILLED, *SAVES[saves], f"hydra.run.dir={run_dir}"),
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    saving = lambda: any((run_dir / "checkpoints").glob(".last.ckpt.partial-*"))  # noqa: E731
+    saving = lambda: any((run_dir / "checkpoints").glob(".last.ckpt*.partial-*"))  # noqa: E731
     ckpts = run_dir / "checkpoints"
     first = lambda: (ckpts / "last.ckpt").exists() and saving()  # noqa: E731
     assert kill_when(process, first, 0.0), "the run finished before a second save"
     assert killed_and_resumed(run_dir, [], []) == 0
     the_same_run(run_dir, whole)
+
+
+def steps_logged(run_dir: Path) -> set[int]:
+    """The steps whose training row (train/loss) is in the metrics file."""
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as file:
+        return {int(float(row["step"])) for row in csv.DictReader(file) if row.get("train/loss")}
+
+
+@pytest.mark.parametrize("saves", ["steps-every_5_steps"])
+def test_a_run_killed_the_moment_last_ckpt_changes_has_the_row_of_every_step_it_holds(
+    saves, tmp_path
+):
+    """Lightning logs a batch's row after the callbacks' on_train_batch_end, where a step's
+    save is made: a last.ckpt written there and killed before the row left the row out for
+    good (the resumed run starts after that batch). Killed at once, three times over."""
+    run_dir = tmp_path / "run"
+    last = run_dir / "checkpoints" / "last.ckpt"
+    starts = [[*KILLED, *SAVES[saves], f"hydra.run.dir={run_dir}"], *[[f"run_dir={run_dir}"]] * 2]
+    for args in starts:
+        process = subprocess.Popen(
+            command(*args), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        assert kill_when(process, saved_since(last), 0.0), "the run finished before a save"
+        held = torch.load(last, weights_only=True, map_location="cpu")["global_step"]
+        missing = sorted(set(range(held)) - steps_logged(run_dir))
+        assert not missing, f"last.ckpt holds {held} steps; no row for steps {missing}"

@@ -5,6 +5,10 @@
   when a run is interrupted (Ctrl-C, SIGTERM) or fails, except when it diverged (the last
   finite state is worth more). An interrupted run logs the command that resumes it. A
   `fast_dev_run` (debug=fast: does the configuration run?) writes none, as Lightning's own.
+- A save inside an epoch is written to `last.ckpt.pending` and takes last.ckpt's place at
+  the next hook, once the batch's metrics row is in the metrics file: Lightning logs that
+  row after the callbacks' on_train_batch_end, and a state saved there and killed before
+  the row was written resumed after that batch, its row lost for good.
 - The best checkpoint (`epoch_NNN.ckpt`) holds the weights, the tokenizers and the run's
   record: what evaluation needs, not the optimizer (`save_weights_only`). `last.ckpt` holds
   the whole training state, and a finished run (trained and tested) drops it where
@@ -54,6 +58,16 @@ log = logging.getLogger(__name__)
 RESUME_KEY = "attnlab_resume"  # checkpoint entry: random states and position in the epoch
 
 
+def durable_replace(source: Path, target: Path) -> None:
+    """Rename `source` over `target`, the rename itself synced (it survives a crash)."""
+    os.replace(source, target)
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
@@ -66,7 +80,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, file)
                 file.flush()
                 os.fsync(file.fileno())
-            os.replace(partial, path)
+            durable_replace(partial, path)
         except (OSError, RuntimeError) as error:
             refusal = refused_by_machine(error, path)
             if refusal is None:
@@ -74,11 +88,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise refusal from None  # the previous checkpoint at `path` is whole
         finally:
             partial.unlink(missing_ok=True)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the rename itself survives a crash
-        finally:
-            os.close(directory)
         for stale in path.parent.glob(f".{path.name}.partial-*"):
             stale.unlink(missing_ok=True)  # a save killed halfway by an earlier process
 
@@ -275,6 +284,7 @@ class LatestCheckpoint(Checkpoint):
                 "number, or null"
             )
         self.path = Path(dirpath) / LAST
+        self.pending = self.path.with_name(f"{LAST}.pending")  # a step's save, until its row
         self.every_n_minutes, self.every_n_steps = every_n_minutes, every_n_steps
         self.keep_when_done = keep_when_done
         self.saved_at = time.monotonic()
@@ -282,12 +292,22 @@ class LatestCheckpoint(Checkpoint):
         self.stopped = False  # trainer.should_stop at the last save
         self.previous_handler: Any = None
 
-    def save(self, trainer: L.Trainer) -> None:
+    def save(self, trainer: L.Trainer, path: Path | None = None) -> None:
         if trainer.fast_dev_run:  # a check that the configuration runs (debug=fast): no state
             return
         self.stopped = trainer.should_stop  # early stopping's decision, for state_dict
-        trainer.save_checkpoint(self.path, weights_only=False)  # the whole training state
+        trainer.save_checkpoint(path or self.path, weights_only=False)  # the whole state
         self.saved_at, self.saved_step = time.monotonic(), trainer.global_step
+
+    def commit(self, trainer: L.Trainer) -> None:
+        """The step's save becomes last.ckpt: its metrics row is written (module docstring)."""
+        if trainer.is_global_zero and self.pending.is_file():
+            durable_replace(self.pending, self.path)
+
+    def discard(self, trainer: L.Trainer) -> None:
+        """A step's save whose row may not be written (killed, or stopped by an error)."""
+        if trainer.is_global_zero:
+            self.pending.unlink(missing_ok=True)
 
     def state_dict(self) -> dict[str, Any]:
         return {"should_stop": self.stopped}
@@ -302,6 +322,7 @@ class LatestCheckpoint(Checkpoint):
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.saved_at = time.monotonic()
+        self.discard(trainer)  # left by a process killed before its row was written
         if trainer.is_global_zero and trainer.ckpt_path is not None:
             drop_orphan_bests(best_checkpoint(trainer), Path(trainer.ckpt_path))
         if threading.current_thread() is threading.main_thread():
@@ -330,14 +351,23 @@ class LatestCheckpoint(Checkpoint):
             due = self.every_n_minutes is not None and elapsed >= 60 * self.every_n_minutes
         # every rank must take part in a save: decide together
         if trainer.strategy.reduce_boolean_decision(due, all=False):
-            self.save(trainer)
+            self.save(trainer, self.pending)
+
+    # the hooks that can come first after a step's row is logged
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self.commit(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.commit(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.discard(trainer)  # this save is later
         self.save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         """Training finished (its step budget, early stopping, max_epochs; an interrupt is
         on_exception): the final state, kept until the run is done (`drop`)."""
+        self.commit(trainer)
         if trainer.global_step != self.saved_step or trainer.should_stop != self.stopped:
             self.save(trainer)
 
@@ -357,6 +387,7 @@ class LatestCheckpoint(Checkpoint):
         by a second Ctrl-C: every other stop comes between steps, or before a step changed
         anything) or cannot be saved (the machine refused the last save); under DDP only a
         stop that every rank shares (SIGTERM) is saved."""
+        self.discard(trainer)
         unsaveable = (Diverged, MachineError, KeyboardInterrupt)
         if isinstance(exception, unsaveable) or trainer.state.fn != "fit":
             return

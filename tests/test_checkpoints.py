@@ -78,6 +78,20 @@ def test_training_writes_checkpoints_through_the_atomic_io(make_config):
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
 
 
+def test_a_callback_set_to_null_is_left_out(make_config):
+    from attnlab.config.build import to_dict
+    from attnlab.runner.callbacks import AttentionMaps
+    from attnlab.runner.run import build_trainer
+
+    def kinds(*overrides: str) -> set[str]:
+        trainer = build_trainer(to_dict(make_config(["model=tiny", *overrides])))
+        return {type(found).__name__ for found in trainer.callbacks}
+
+    assert AttentionMaps.__name__ in kinds()
+    left = kinds("callbacks.attention_maps=null")
+    assert AttentionMaps.__name__ not in left and "LatestCheckpoint" in left
+
+
 @pytest.mark.parametrize(
     "override,kept",
     [

@@ -74,8 +74,12 @@ def test_an_unknown_variant_option_names_the_valid_ones():
     ("option", "value", "message"),
     [
         ("base", "abc", "'rope' option base='abc' must be a number"),
-        ("rotary_dim", True, "'rope' option rotary_dim=True must be an integer or null"),
-        ("rotary_dim", 2.5, "'rope' option rotary_dim=2.5 must be an integer or null"),
+        (
+            "rotary_dim",
+            True,
+            "'rope' option rotary_dim=True must be an integer or a number or null",
+        ),
+        ("rotary_dim", "a", "'rope' option rotary_dim='a' must be an integer or a number or null"),
         ("layout", 3, "'rope' option layout=3 must be a string"),
     ],
 )

@@ -163,6 +163,16 @@ def test_partial_rotary_dim_rotates_only_the_first_dims_with_its_own_theta(layou
     assert not torch.allclose(out[..., :rotary_dim], whole_head_theta)
 
 
+@pytest.mark.parametrize(("fraction", "dims"), [(0.25, 2), (0.5, 4), (1.0, D)])
+def test_a_fractional_rotary_dim_is_that_fraction_of_the_head(fraction, dims):
+    """GPT-NeoX's rotary_pct (Kazemnejad et al. rotate a quarter): the same rotation as the
+    count of dimensions it makes."""
+    x, positions = vectors(2, SHAPE.n_heads, 5, D), [0, 1, 3, 40, 900]
+    out = rope(f"rotary_dim={fraction}").rotate(x, torch.tensor(positions))
+    assert rope(f"rotary_dim={fraction}").rotary_dim == dims
+    torch.testing.assert_close(out, reference(x, positions, dims))
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_base_option_sets_theta(layout):
     x = vectors(2, SHAPE.n_heads, 6, D)
@@ -216,6 +226,10 @@ def test_in_a_layer_q_and_k_are_rotated_at_their_positions_and_v_is_not(cached):
         (["rotary_dim=3"], r"pe.rotary_dim=3 must be even and between 2 and the head width 8"),
         (["rotary_dim=10"], r"pe.rotary_dim=10 must be even and between 2 and the head width 8"),
         (["rotary_dim=0"], r"pe.rotary_dim=0 must be even"),
+        (["rotary_dim=0.3"], r"pe.rotary_dim=0.3 is 2.4 of the head's 8 dimensions: give a frac"),
+        (["rotary_dim=0.125"], r"pe.rotary_dim=0.125 is 1 of the head's 8 dimensions"),
+        (["rotary_dim=1.5"], r"pe.rotary_dim=1.5 is 12 of the head's 8 dimensions"),
+        (["rotary_dim=-0.5"], r"pe.rotary_dim=-0.5 is -4 of the head's 8 dimensions"),
         (["layout=rotate_half"], r"pe.layout='rotate_half' is not one of: interleaved, half"),
         (["base=0"], r"pe.base=0 must be positive"),
         (["base=-10000"], r"pe.base=-10000 must be positive"),

@@ -36,7 +36,7 @@ from attnlab.tasks.synthetic.system import (
 )
 
 I = IGNORE  # noqa: E741
-SPECIALS = Specials.after(10)  # PAD 10, SEP 11, EOS 12
+SPECIALS = Specials.after(10, bos=False)  # PAD 10, SEP 11, EOS 12
 PAIRS = [Item([1, 2], [3], 2, 0), Item([4], [5, 6], 1, 1), Item([7], [8], 1, 0)]
 
 
@@ -58,6 +58,25 @@ def test_an_encoder_decoder_reads_the_input_and_sep_output():
     assert batch["answers"].tolist() == [[3, 12, I], [5, 6, 12], [8, 12, I]]
 
 
+def test_a_bos_opens_every_sequence_and_the_answers_keep_their_tokens():
+    """Kazemnejad et al.'s layout: BOS (13, after the other specials) at position 0 of the
+    decoder's sequence and of the encoder's input; the same targets, one position on."""
+    bos = Specials.after(10, bos=True)
+    assert (bos.count, bos.lead, SPECIALS.count, SPECIALS.lead) == (4, [13], 3, [])
+    plain, batch = collate(PAIRS, SPECIALS, "decoder"), collate(PAIRS, bos, "decoder")
+    assert batch["tokens"].tolist() == [[13, *row] for row in plain["tokens"].tolist()]
+    assert batch["targets"].tolist() == [[I, *row] for row in plain["targets"].tolist()]
+    assert batch["prompt"].tolist() == [4, 3, 3]
+    assert torch.equal(batch["answers"], plain["answers"])
+    pair = collate(PAIRS, bos, "encoder_decoder")
+    assert pair["src"].tolist() == [[13, 1, 2], [13, 4, 10], [13, 7, 10]]
+    assert torch.equal(pair["tgt"], collate(PAIRS, SPECIALS, "encoder_decoder")["tgt"])
+
+
+def test_a_run_recorded_before_the_bos_option_has_none():
+    assert Specials(pad=10, sep=11, eos=12) == SPECIALS
+
+
 def test_given_output_tokens_are_fed_and_not_scored_and_the_end_is_given_with_them():
     item = Item([1, 2], [3, 4, 5], 2, 0, [True, False, True])
     batch = collate([item], SPECIALS, "decoder")
@@ -71,23 +90,25 @@ def test_given_output_tokens_are_fed_and_not_scored_and_the_end_is_given_with_th
     assert plain["answers"].tolist() == [[3, 4, 5, 12]] and (plain["forced"] == I).all()
 
 
+@pytest.mark.parametrize("bos", [False, True], ids=["", "bos"])
 @pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
-def test_decoding_feeds_the_given_tokens_and_picks_the_rest_greedily(make_config, arch):
+def test_decoding_feeds_the_given_tokens_and_picks_the_rest_greedily(make_config, arch, bos):
     torch.manual_seed(0)
     cfg = make_config(["task=copy", "model=tiny", "model.dropout=0.0"])
     architecture = Architecture.from_config({g: cfg[g] for g in ARCHITECTURE})
-    net = SyntheticSystem.network(architecture, vocab_size=13, arch=arch).eval()
+    specials = Specials.after(10, bos)
+    net = SyntheticSystem.network(architecture, vocab_size=10 + specials.count, arch=arch).eval()
     given = [True, False, True, False]
     items = [Item([1, 2, 3], [4, 5, 6, 7], 3, 0, given), Item([3, 2, 1], [9, 8, 7, 6], 3, 0, given)]
-    batch = collate(items, SPECIALS, arch)
-    decoded = decoded_answers(net, batch, SPECIALS)
-    src = torch.tensor([item.input for item in items])
-    fed = src.new_full((2, 1), SPECIALS.sep)
+    batch = collate(items, specials, arch)
+    decoded = decoded_answers(net, batch, specials)
+    src = torch.tensor([[*specials.lead, *item.input] for item in items])
+    fed = src.new_full((2, 1), specials.sep)
     if arch == "decoder":
         fed = torch.cat((src, fed), 1)
     with torch.no_grad():  # without the cache, one step after another
         for step, forced in enumerate(batch["forced"].unbind(1)):
-            logits = net(fed) if arch == "decoder" else net(src, src == SPECIALS.pad, fed)
+            logits = net(fed) if arch == "decoder" else net(src, src == specials.pad, fed)
             free = logits[:, -1].argmax(-1)
             assert (decoded[:, step] == torch.where(forced == I, free, forced)).all()
             fed = torch.cat((fed, decoded[:, step : step + 1]), 1)
@@ -146,6 +167,9 @@ def test_evaluation_sets_depend_on_the_test_seed_alone():
     assert all(1 <= item.length <= 20 for item in one.eval_sets["valid"])
     assert one.bucket_ends("test") == [20, 40, 60, 80] and one.bucket_ends("valid") == [20]
     assert one.max_seq_len == max(2 * i.length + 1 for i in test)
+    opened = data(bos=True)
+    assert opened.max_seq_len == one.max_seq_len + 1
+    assert (opened.model_kwargs()["vocab_size"], one.model_kwargs()["vocab_size"]) == (14, 13)
 
 
 def test_a_training_example_is_the_same_whenever_it_is_asked_for():
@@ -177,6 +201,7 @@ def test_an_evaluation_batch_holds_one_input_length_and_every_example_once():
         ),
         ({"train_max_len": 30, "test_max_len": 20}, "task.data.test_max_len=20 must be"),
         ({"bucket": 0}, "task.data.bucket=0 must be a positive integer"),
+        ({"bos": "yes"}, "option bos='yes' must be true or false"),
     ],
 )
 def test_bad_settings_are_one_sentence(options, message):
@@ -212,12 +237,16 @@ def validation_accuracy(system, data) -> float:
 
 
 @pytest.mark.parametrize(
-    ("arch", "steps"),
-    [("decoder", 600), pytest.param("encoder_decoder", 1000, marks=pytest.mark.slow)],
+    ("arch", "steps", "bos"),
+    [
+        ("decoder", 600, False),
+        pytest.param("encoder_decoder", 1000, False, marks=pytest.mark.slow),
+        pytest.param("decoder", 600, True, marks=pytest.mark.slow),
+    ],
 )
-def test_a_tiny_model_learns_to_copy_at_its_training_lengths(make_config, arch, steps):
+def test_a_tiny_model_learns_to_copy_at_its_training_lengths(make_config, arch, steps, bos):
     cfg = make_config(["task=copy", "model=tiny", "pe=learned", "model.dropout=0.0",
-                       f"task.arch={arch}", "task.data.train_max_len=6",
+                       f"task.arch={arch}", f"task.data.bos={bos}", "task.data.train_max_len=6",
                        "task.data.generator.alphabet=8", "task.data.batch_size=32"])  # fmt: skip
     torch.manual_seed(0)
     data = run.build_datamodule(cfg)

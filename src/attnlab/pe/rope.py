@@ -7,7 +7,9 @@ Applied per head to q and k after projection, never to v.
 Conventions: `layout="interleaved"` rotates pairs (2i, 2i+1) as the official RoFormer code
 does; `layout="half"` rotates (i, i + d_r/2) as GPT-NeoX/LLaMA do (the two differ by a fixed
 permutation of head dimensions). `rotary_dim` (default: all of d_h) rotates only the first
-d_r dimensions and passes the rest through (GPT-NeoX's partial rotary); θ uses d_r.
+d_r dimensions and passes the rest through (GPT-NeoX's partial rotary); θ uses d_r. It is a
+number of dimensions (an integer) or a fraction of d_h (a number in (0, 1], GPT-NeoX's
+`rotary_pct`: Kazemnejad et al. 2023, arXiv 2305.19466, rotate a quarter).
 RoPE acts through q·k only: with a synthesizer that computes no q·k it has no effect.
 
 Context extension (`scaling`, static, with s = `scaling_factor` = the evaluation context / the
@@ -119,6 +121,24 @@ def inverse_frequencies(
     return (1 - gamma) * theta / factor + gamma * theta
 
 
+def rotary_width(rotary_dim: int | float | None, head_dim: int) -> int:
+    """d_r: all of the head (None), a number of dimensions (an integer) or a fraction of the
+    head (a number): it must make an even whole number of dimensions (checked by the caller
+    for an integer)."""
+    if rotary_dim is None:
+        return head_dim
+    if isinstance(rotary_dim, int):
+        return rotary_dim
+    width = rotary_dim * head_dim
+    if not (0 < rotary_dim <= 1 and width.is_integer() and width % 2 == 0):
+        raise ConfigError(
+            f"pe.rotary_dim={rotary_dim} is {width:g} of the head's {head_dim} dimensions: give "
+            "a fraction in (0, 1] that makes an even whole number of them, or a number of "
+            "dimensions (an even integer)"
+        )
+    return int(width)
+
+
 def check_scaling(scaling: str | None, options: dict[str, float | None], rotary_dim: int) -> None:
     """Raise a ConfigError where `scaling` and its `options` (the keys of DEFAULTS) do not fit."""
     if scaling is not None and scaling not in SCALINGS:
@@ -177,7 +197,7 @@ class RoPE(PositionalEncoding):
         self,
         shape: StackShape,
         base: float,
-        rotary_dim: int | None,
+        rotary_dim: int | float | None,
         layout: str,
         scaling: str | None,
         scaling_factor: float | None,
@@ -186,7 +206,7 @@ class RoPE(PositionalEncoding):
         yarn_beta: float,
     ) -> None:
         super().__init__(shape)
-        self.rotary_dim = shape.head_dim if rotary_dim is None else rotary_dim
+        self.rotary_dim = rotary_width(rotary_dim, shape.head_dim)
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= shape.head_dim:
             raise ConfigError(
                 f"pe.rotary_dim={rotary_dim} must be even and between 2 and the head width "

@@ -155,10 +155,9 @@ def build_trainer(config: dict[str, Any], extra_callbacks: list[L.Callback] = ()
     """The trainer with the config's loggers and callbacks, `extra_callbacks`, and the two
     every run has: validation of the final weights, and the count of examples scored."""
     check_accelerator(str(config["trainer"].get("accelerator", "auto")))
-    loggers = [build(node, MACHINERY) for node in (config.get("logger") or {}).values()]
+    loggers = [build(node, MACHINERY) for node in switched_on(config.get("logger"))]
     sweep_job = in_sweep() or is_sweep_job(Path(resolve_output_dir(config)))
-    nodes = (config.get("callbacks") or {}).values()
-    callbacks = [build_callback(node, sweep_job) for node in nodes]
+    callbacks = [build_callback(node, sweep_job) for node in switched_on(config.get("callbacks"))]
     if not loggers:  # (~logger) Lightning refuses a LearningRateMonitor with nothing to log to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     always = [ValidateAtEnd(), ScoredExamples()]
@@ -167,6 +166,12 @@ def build_trainer(config: dict[str, Any], extra_callbacks: list[L.Callback] = ()
     )
     trainer.callbacks = state_savers_last(trainer.callbacks)
     return trainer
+
+
+def switched_on(nodes: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The nodes of a group of callbacks or loggers but those set to null, which is how a run
+    leaves one out (callbacks.attention_maps=null)."""
+    return [node for node in (nodes or {}).values() if node is not None]
 
 
 def build_callback(node: dict[str, Any], sweep_job: bool) -> L.Callback:

@@ -3,9 +3,12 @@ longer ones), and the checks they share.
 
 A task is a `Generator`: asked for a length and given a seeded `random.Random`, it returns
 one (input, output) pair of token lists. Task tokens are 0..symbols−1; the datamodule adds
-its specials (PAD, SEP, EOS) after them and lays an example out for a decoder as
-`input SEP output EOS`, with the loss and exact match on `output EOS`. What "length" means
-is the task's own measure (list length, digits per operand, tokens), stated in its module.
+its specials (PAD, SEP, EOS, and BOS with `bos`) after them and lays an example out for a
+decoder as `input SEP output EOS`, with the loss and exact match on `output EOS`. With `bos`,
+a beginning-of-sequence token opens the decoder's sequence (the encoder's input in
+encoder_decoder): the anchor at position 0 that Kazemnejad et al. 2023 (arXiv 2305.19466,
+Theorem 1) build NoPE's absolute positions on. What "length" means is the task's own measure
+(list length, digits per operand, tokens), stated in its module.
 
 An example may also mark output tokens as given: prompts inside the output (MQAR's queries in
 Zoology's layout), fed to the model as they are, in training and in decoding alike, and
@@ -97,15 +100,26 @@ class Item(NamedTuple):
 @dataclass(frozen=True)
 class Specials:
     """The ids after a task's `symbols` tokens: padding, the separator (also the decoder's
-    first token in encoder_decoder) and the end of the output."""
+    first token in encoder_decoder), the end of the output and, where asked, the beginning of
+    the sequence."""
 
     pad: int
     sep: int
     eos: int
+    bos: int | None = None  # runs recorded before the option have none
 
     @classmethod
-    def after(cls, symbols: int) -> Specials:
-        return cls(symbols, symbols + 1, symbols + 2)
+    def after(cls, symbols: int, bos: bool) -> Specials:
+        return cls(symbols, symbols + 1, symbols + 2, symbols + 3 if bos else None)
+
+    @property
+    def count(self) -> int:
+        return 3 if self.bos is None else 4
+
+    @property
+    def lead(self) -> list[int]:
+        """What opens a sequence before its input: BOS, or nothing."""
+        return [] if self.bos is None else [self.bos]
 
 
 def buckets(first: int, width: int, longest: int) -> list[range]:
@@ -169,20 +183,22 @@ def collate(items: list[Item], specials: Specials, arch: str) -> SyntheticBatch:
         "lengths": torch.tensor([item.length for item in items]),
         "buckets": torch.tensor([item.bucket for item in items]),
     }
+    lead = specials.lead
     if arch == "decoder":
-        sequences = [[*i.input, specials.sep, *i.output, specials.eos] for i in items]
+        sequences = [[*lead, *i.input, specials.sep, *i.output, specials.eos] for i in items]
         tokens = torch.full((rows, max(map(len, sequences))), specials.pad)
         targets = torch.full((rows, tokens.shape[1] - 1), IGNORE)
         for row, (item, sequence) in enumerate(zip(items, sequences, strict=True)):
             tokens[row, : len(sequence)] = torch.tensor(sequence)
-            targets[row, len(item.input) : len(sequence) - 1] = answers[row, : len(item.output) + 1]
-        prompt = torch.tensor([len(item.input) + 1 for item in items])
+            answer = len(lead) + len(item.input)  # predicted from SEP on
+            targets[row, answer : len(sequence) - 1] = answers[row, : len(item.output) + 1]
+        prompt = torch.tensor([len(lead) + len(item.input) + 1 for item in items])
         return {**batch, "tokens": tokens, "targets": targets, "prompt": prompt}
-    src = torch.full((rows, max(len(i.input) for i in items)), specials.pad)
+    src = torch.full((rows, len(lead) + max(len(i.input) for i in items)), specials.pad)
     tgt = torch.full_like(answers, specials.pad)
     tgt[:, 0] = specials.sep
     for row, item in enumerate(items):
-        src[row, : len(item.input)] = torch.tensor(item.input)
+        src[row, : len(lead) + len(item.input)] = torch.tensor([*lead, *item.input])
         tgt[row, 1 : len(item.output) + 1] = torch.tensor(item.output)
     return {**batch, "src": src, "tgt": tgt}
 
@@ -218,7 +234,8 @@ class SyntheticData(TaskData):
     """A generated task (`generator`, built from its config node): training examples of lengths
     train_min_len..train_max_len, validation at those lengths, and a test in buckets of
     `bucket` lengths up to test_max_len. Validation and test sets come from `test_seed`
-    alone, so every configuration and training seed is scored on the same examples."""
+    alone, so every configuration and training seed is scored on the same examples. `bos`
+    opens every sequence with a beginning-of-sequence token (module docstring)."""
 
     def __init__(
         self,
@@ -236,6 +253,7 @@ class SyntheticData(TaskData):
         test_seed: int,
         seed: int,
         num_workers: int,
+        bos: bool = False,  # runs recorded before the option had none
     ) -> None:
         super().__init__()
         if generator is None:
@@ -260,7 +278,7 @@ class SyntheticData(TaskData):
         width = train_max_len if bucket is None else bucket
         require_counts("task.data", least=train_max_len, test_max_len=longest)
         require_counts("task.data", bucket=width)
-        self.arch, self.specials = arch, Specials.after(self.generator.symbols)
+        self.arch, self.specials = arch, Specials.after(self.generator.symbols, bos)
         self.train_lengths = range(train_min_len, train_max_len + 1)
         self.test_buckets = buckets(train_min_len, width, longest)
         self.sizes = {"train": train_size, "valid": val_size, "test": test_size}
@@ -302,7 +320,7 @@ class SyntheticData(TaskData):
 
     def model_kwargs(self) -> dict[str, Any]:
         return {
-            "vocab_size": self.generator.symbols + 3,
+            "vocab_size": self.generator.symbols + self.specials.count,
             "specials": dataclasses.asdict(self.specials),
             "arch": self.arch,
         }
@@ -310,9 +328,10 @@ class SyntheticData(TaskData):
     @property
     def max_seq_len(self) -> int:
         items = [item for found in self.eval_sets.values() for item in found]
-        if self.arch == "decoder":  # input SEP output: the EOS is never read
-            return max(len(i.input) + 1 + len(i.output) for i in items)
-        return max(max(len(i.input), len(i.output) + 1) for i in items)
+        lead = len(self.specials.lead)
+        if self.arch == "decoder":  # [BOS] input SEP output: the EOS is never read
+            return max(lead + len(i.input) + 1 + len(i.output) for i in items)
+        return max(max(lead + len(i.input), len(i.output) + 1) for i in items)
 
     def train_dataloader(self) -> DataLoader:
         dataset = TrainExamples(self.generator, self.train_lengths, self.sizes["train"], self.seed)

@@ -30,7 +30,12 @@ from attnlab.tasks.synthetic.report import (
 
 # task -> its bucket ends; pe -> exact match in each bucket, before the seed's shift
 BUCKETS = {"copy": (20, 40, 60, 80), "mqar": (64, 128), "sort": (20, 40), "reverse": (20, 40)}
-ACCURACY = {"rope": (1.0, 0.5, 0.2, 0.1), "none": (1.0, 0.9, 0.8, 0.7), "alibi": (1.0, 0.5)}
+ACCURACY = {
+    "rope": (1.0, 0.5, 0.2, 0.1),
+    "none": (1.0, 0.9, 0.8, 0.7),
+    "alibi": (1.0, 0.5),
+    "fox": (1.0, 0.95, 0.9, 0.85),
+}
 
 
 def fake_synthetic_run(directory: Path, task: str, pe: str, seed: int) -> Path:
@@ -177,6 +182,33 @@ def test_an_among_block_ranks_only_its_configurations_and_judges_each_pair(tmp_p
     assert "| first | second | mean reciprocal rank | copy | sort | reverse |" in text
     assert "| pe=none | pe=rope | ahead | ahead | ahead | ahead |" in text
     assert "![" not in text and not (tmp_path / "docs" / "results" / "lg.png").exists()
+
+
+def test_a_block_beside_another_study_ranks_its_runs_with_the_others(tmp_path):
+    """Study 8's mechanisms against study 7's encodings, from each study's own records; the
+    tags that tell the studies apart name runs and configure nothing, so no label has them."""
+    study_with_three_seeds(tmp_path, ("copy", "sort", "reverse"))
+    wave = tmp_path / "docs" / "results" / "runs" / "wave"
+    for job, (task, seed) in enumerate(
+        (t, s) for t in ("copy", "sort", "reverse") for s in range(3)
+    ):
+        run = fake_synthetic_run(wave / f"fox_{job}", task, "fox", seed)
+        overrides = run / ".hydra" / "overrides.yaml"
+        overrides.write_text(overrides.read_text() + "- tags=[wave]\n")
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text(
+        "<!-- results:wave generalization beside=lg among=pe=fox;pe=none;pe=rope -->\n"
+        "<!-- /results:wave -->\n"
+    )
+    text = regenerate(results_md, draw=True)
+    assert "| pe=fox | 3 | 1.000 ± 0.000 |" in text and "| pe=none | 3 | 0.500 ± 0.000 |" in text
+    assert "| pe=rope | 3 | 0.333 ± 0.000 |" in text and "tags" not in text
+    assert "| pe=fox | pe=none | ahead | ahead | tie | tie |" in text
+    results_md.write_text(
+        "<!-- results:wave generalization beside=lg;nope -->\n<!-- /results:wave -->\n"
+    )
+    with pytest.raises(ConfigError, match=r"no run records for nope in .*: run `attnlab archive`"):
+        regenerate(results_md)
 
 
 def test_ranks_take_the_task_as_their_unit_and_leave_out_a_task_no_run_learned(tmp_path):

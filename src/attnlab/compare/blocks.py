@@ -6,7 +6,7 @@ from __future__ import annotations
 from attnlab.compare.seeds import Configuration
 from attnlab.errors import ConfigError
 
-OPTIONS = ("baseline", "among", "margin")  # a block's key=value options, in any order
+OPTIONS = ("baseline", "among", "margin", "beside")  # a block's key=value options, any order
 
 
 def block_options(study: str, text: str) -> dict[str, str]:

@@ -91,10 +91,13 @@ def never_trained_note(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+NAMING_ONLY = {"tags"}  # override keys that name runs (for loggers) and configure nothing
+
+
 def swept_keys(runs: list[Run]) -> list[str]:
     """Override keys whose value differs between runs, in command-line order."""
     keys = list(dict.fromkeys(key for run in runs for key in run.overrides))
-    return [k for k in keys if len({run.value(k) for run in runs}) > 1]
+    return [k for k in keys if k not in NAMING_ONLY and len({run.value(k) for run in runs}) > 1]
 
 
 def labels(runs: list[Run], keys: list[str]) -> dict[str, str]:

@@ -18,6 +18,9 @@ gives, instead of the tables by length that the study's full block holds, their 
 reciprocal ranks among themselves and the verdict rule's answer for each pair of them.
 `margin=<BLEU>`, with a baseline, adds two one-sided tests of equivalence within ±margin to
 the paired bootstrap (for a claim of closeness: "competitive", "within 0.2 BLEU").
+`beside=<study>;<study>...` reads those studies' records with the block's own, named
+`<study>/<run>`: new configurations judged against another study's baselines (study 8's
+mechanisms against study 7's encodings) without running the baselines again.
 
 Each block opens with the study's budget read from the runs' configs and statuses (steps,
 learning rate, warm-up, schedule, checkpoint selection, early stopping), so that the text
@@ -48,6 +51,7 @@ records give, or a figure's stamp from their digest. The kinds of table, and the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import shutil
@@ -150,21 +154,19 @@ def block(
     baseline: str | None = None,
     among: str | None = None,
     margin: str | None = None,
+    beside: str | None = None,
 ) -> str:
     """The generated text of one study's block, from root/docs/results/runs/<study>; with a
     baseline (a configuration's label), the paired bootstrap of test BLEU against it; with
-    `among` (labels joined by ";"), those configurations alone and no plot."""
+    `among` (labels joined by ";"), those configurations alone and no plot; with `beside`
+    (studies joined by ";"), their runs too."""
     if kind not in KINDS:
         raise ConfigError(f"RESULTS.md block {study} has kind {kind!r}: use one of {list(KINDS)}")
     records = root / "docs" / "results" / "runs" / study
-    runs = find_runs(records) if records.is_dir() else []
-    if not runs:
-        raise ConfigError(f"no run records for {study} in {records}: run `attnlab archive`")
-    if damaged := [run.damaged for run in runs if run.damaged]:
-        raise ConfigError(
-            f"{damaged[0]}: RESULTS.md's {study} is computed from intact records only; restore "
-            "the file (git checkout docs/results) or archive the study again"
-        )
+    runs = study_runs(records, study)
+    for other in beside.split(";") if beside else []:
+        found = study_runs(records.parent / other, other)
+        runs += [dataclasses.replace(run, name=f"{other}/{run.name}") for run in found]
     tasks, reads = {run.setting("task.name") for run in runs}, KINDS[kind].task
     if reads is not None and tasks != {reads}:
         raise ConfigError(
@@ -202,6 +204,19 @@ def block(
     if image.is_file():
         text += f"\n![{study}: {KINDS[kind].caption}]({image.relative_to(root)})\n"
     return text
+
+
+def study_runs(records: Path, study: str) -> list[Run]:
+    """The runs archived in `records`, each record intact."""
+    runs = find_runs(records) if records.is_dir() else []
+    if not runs:
+        raise ConfigError(f"no run records for {study} in {records}: run `attnlab archive`")
+    if damaged := [run.damaged for run in runs if run.damaged]:
+        raise ConfigError(
+            f"{damaged[0]}: RESULTS.md's {study} is computed from intact records only; restore "
+            "the file (git checkout docs/results) or archive the study again"
+        )
+    return runs
 
 
 def records_digest(runs: list[Run]) -> str:

@@ -253,7 +253,7 @@ class SyntheticData(TaskData):
         test_seed: int,
         seed: int,
         num_workers: int,
-        bos: bool = False,  # runs recorded before the option had none
+        bos: bool,
     ) -> None:
         super().__init__()
         if generator is None:

@@ -209,6 +209,12 @@ def test_a_block_beside_another_study_ranks_its_runs_with_the_others(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"no run records for nope in .*: run `attnlab archive`"):
         regenerate(results_md)
+    for beside in ("lg;lg", "wave"):  # a study read twice would count its seeds twice
+        results_md.write_text(
+            f"<!-- results:wave generalization beside={beside} -->\n<!-- /results:wave -->\n"
+        )
+        with pytest.raises(ConfigError, match="twice \\(beside= names it again\\)"):
+            regenerate(results_md)
 
 
 def test_ranks_take_the_task_as_their_unit_and_leave_out_a_task_no_run_learned(tmp_path):

@@ -163,8 +163,13 @@ def block(
     if kind not in KINDS:
         raise ConfigError(f"RESULTS.md block {study} has kind {kind!r}: use one of {list(KINDS)}")
     records = root / "docs" / "results" / "runs" / study
-    runs = study_runs(records, study)
-    for other in beside.split(";") if beside else []:
+    runs, others = study_runs(records, study), beside.split(";") if beside else []
+    if repeated := sorted({o for o in others if o == study or others.count(o) > 1}):
+        raise ConfigError(
+            f"RESULTS.md block {study} reads {', '.join(repeated)} twice (beside= names it again): "
+            "name each other study once, and never the block's own"
+        )
+    for other in others:
         found = study_runs(records.parent / other, other)
         runs += [dataclasses.replace(run, name=f"{other}/{run.name}") for run in found]
     tasks, reads = {run.setting("task.name") for run in runs}, KINDS[kind].task

@@ -285,6 +285,7 @@ class LatestCheckpoint(Checkpoint):
             )
         self.path = Path(dirpath) / LAST
         self.pending = self.path.with_name(f"{LAST}.pending")  # a step's save, until its row
+        self.uncommitted = False  # a save in `pending`: no file check at every step
         self.every_n_minutes, self.every_n_steps = every_n_minutes, every_n_steps
         self.keep_when_done = keep_when_done
         self.saved_at = time.monotonic()
@@ -301,13 +302,15 @@ class LatestCheckpoint(Checkpoint):
 
     def commit(self, trainer: L.Trainer) -> None:
         """The step's save becomes last.ckpt: its metrics row is written (module docstring)."""
-        if trainer.is_global_zero and self.pending.is_file():
+        if self.uncommitted and trainer.is_global_zero and self.pending.is_file():
             durable_replace(self.pending, self.path)
+        self.uncommitted = False
 
     def discard(self, trainer: L.Trainer) -> None:
         """A step's save whose row may not be written (killed, or stopped by an error)."""
         if trainer.is_global_zero:
             self.pending.unlink(missing_ok=True)
+        self.uncommitted = False
 
     def state_dict(self) -> dict[str, Any]:
         return {"should_stop": self.stopped}
@@ -352,6 +355,7 @@ class LatestCheckpoint(Checkpoint):
         # every rank must take part in a save: decide together
         if trainer.strategy.reduce_boolean_decision(due, all=False):
             self.save(trainer, self.pending)
+            self.uncommitted = True
 
     # the hooks that can come first after a step's row is logged
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:

@@ -217,6 +217,35 @@ def test_a_block_beside_another_study_ranks_its_runs_with_the_others(tmp_path):
             regenerate(results_md)
 
 
+def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp_path):
+    """T5 with its max_distance matched to each task's training distances, ranked beside the
+    runs that kept the default: per_task= reads the block's own runs' values as one."""
+    study_with_three_seeds(tmp_path, ("copy", "sort", "reverse"))
+    matched = tmp_path / "docs" / "results" / "runs" / "t5"
+    distances = {"copy": 17, "sort": 17, "reverse": 9}
+    for job, (task, seed) in enumerate((t, s) for t in distances for s in range(3)):
+        run = fake_synthetic_run(matched / str(job), task, "fox", seed)
+        overrides = run / ".hydra" / "overrides.yaml"
+        overrides.write_text(overrides.read_text() + f"- pe.max_distance={distances[task]}\n")
+    results_md = tmp_path / "RESULTS.md"
+    block = "<!-- results:t5 generalization beside=lg per_task=pe.max_distance{} -->\n"
+    results_md.write_text(block.format("") + "<!-- /results:t5 -->\n")
+    text = regenerate(results_md, draw=False)
+    assert "`pe.max_distance`: copy 17, sort 17, reverse 9." in text
+    assert "| pe=fox,pe.max_distance=per_task | 3 | 1.000 ± 0.000 |" in text
+    assert "| pe=rope | 3 | 0.274 ± 0.051 |" in text  # the beside study's runs keep their labels
+    results_md.write_text(
+        block.format(" among=pe=fox,pe.max_distance=per_task;pe=none") + "<!-- /results:t5 -->\n"
+    )
+    assert "| pe=fox,pe.max_distance=per_task | pe=none | ahead | ahead | tie | tie |" in (
+        regenerate(results_md, draw=False)
+    )
+    sort_seed_0 = matched / "3" / ".hydra" / "overrides.yaml"
+    sort_seed_0.write_text(sort_seed_0.read_text().replace("max_distance=17", "max_distance=18"))
+    with pytest.raises(ConfigError, match="runs of sort differ in it: name only keys that each"):
+        regenerate(results_md)
+
+
 def test_ranks_take_the_task_as_their_unit_and_leave_out_a_task_no_run_learned(tmp_path):
     records = study_with_three_seeds(tmp_path, ("copy", "sort", "mqar"))
     for run in records.iterdir():  # nobody learns mqar: every run falls short of 0.99

@@ -3,10 +3,14 @@ checked: each bad one is one sentence naming the block."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from attnlab.compare.runs import Run
 from attnlab.compare.seeds import Configuration
 from attnlab.errors import ConfigError
 
-OPTIONS = ("baseline", "among", "margin", "beside")  # a block's key=value options, any order
+OPTIONS = ("baseline", "among", "margin", "beside", "per_task")  # key=value, any order
+PER_TASK = "per_task"  # what a `per_task=` key reads in the block's labels
 
 
 def block_options(study: str, text: str) -> dict[str, str]:
@@ -47,3 +51,30 @@ def named(configs: list[Configuration], labels: list[str], study: str) -> list[C
         )
     kept = [config for config in configs if config.label_without("task") in labels]
     return sorted(kept, key=lambda config: labels.index(config.label_without("task")))
+
+
+def set_per_task(runs: list[Run], keys: list[str], study: str) -> tuple[list[Run], str]:
+    """The block's own runs with each of `keys` read as "per_task", and a sentence giving the
+    value each task set: a setting matched to each task (T5's `pe.max_distance` to its
+    training distances) is one configuration across tasks, ranked as one. ConfigError where
+    a task's runs disagree on it (a setting swept within a task is not set per task)."""
+    told = []
+    for key in keys:
+        values: dict[str, set[str]] = {}
+        for run in runs:
+            values.setdefault(str(run.setting("task.name")), set()).add(run.value(key))
+        if swept := sorted(task for task, found in values.items() if len(found) > 1):
+            raise ConfigError(
+                f"RESULTS.md block {study} has per_task={key}, but the runs of "
+                f"{', '.join(swept)} differ in it: name only keys that each task sets once"
+            )
+        given = ", ".join(f"{task} {found.pop() or 'unset'}" for task, found in values.items())
+        told.append(f"`{key}`: {given}")
+    runs = [
+        dataclasses.replace(run, overrides={**run.overrides, **dict.fromkeys(keys, PER_TASK)})
+        for run in runs
+    ]
+    return (
+        runs,
+        f"Set per task in this study's runs (read `{PER_TASK}` in the labels): {'; '.join(told)}.",
+    )

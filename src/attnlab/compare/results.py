@@ -21,6 +21,9 @@ the paired bootstrap (for a claim of closeness: "competitive", "within 0.2 BLEU"
 `beside=<study>;<study>...` reads those studies' records with the block's own, named
 `<study>/<run>`: new configurations judged against another study's baselines (study 8's
 mechanisms against study 7's encodings) without running the baselines again.
+`per_task=<key>;<key>...` names settings that the block's own runs match to each task (T5's
+`pe.max_distance` to each task's training distances): they read `per_task` in the labels, so
+that those runs are one configuration across tasks, and the block says each task's value.
 
 Each block opens with the study's budget read from the runs' configs and statuses (steps,
 learning rate, warm-up, schedule, checkpoint selection, early stopping), so that the text
@@ -59,7 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.compare.blocks import bleu_margin, block_options, named
+from attnlab.compare.blocks import bleu_margin, block_options, named, set_per_task
 from attnlab.compare.budget import budget
 from attnlab.compare.lengths import STAGE
 from attnlab.compare.report import (
@@ -155,11 +158,13 @@ def block(
     among: str | None = None,
     margin: str | None = None,
     beside: str | None = None,
+    per_task: str | None = None,
 ) -> str:
     """The generated text of one study's block, from root/docs/results/runs/<study>; with a
     baseline (a configuration's label), the paired bootstrap of test BLEU against it; with
     `among` (labels joined by ";"), those configurations alone and no plot; with `beside`
-    (studies joined by ";"), their runs too."""
+    (studies joined by ";"), their runs too; with `per_task` (keys joined by ";"), the
+    block's own runs read "per_task" for those keys, and a sentence gives each task's value."""
     if kind not in KINDS:
         raise ConfigError(f"RESULTS.md block {study} has kind {kind!r}: use one of {list(KINDS)}")
     records = root / "docs" / "results" / "runs" / study
@@ -169,6 +174,7 @@ def block(
             f"RESULTS.md block {study} reads {', '.join(repeated)} twice (beside= names it again): "
             "name each other study once, and never the block's own"
         )
+    runs, matched = set_per_task(runs, per_task.split(";"), study) if per_task else (runs, "")
     for other in others:
         found = study_runs(records.parent / other, other)
         runs += [dataclasses.replace(run, name=f"{other}/{run.name}") for run in found]
@@ -184,7 +190,7 @@ def block(
         runs = [run for config in configs for run in config.runs]
     contrasts = KINDS[kind].contrasts
     table = contrasts if among is not None and contrasts else KINDS[kind].table
-    text = budget(runs) + "\n\n" + table(configs) + "\n"
+    text = budget(runs) + "\n\n" + (matched + "\n\n" if matched else "") + table(configs) + "\n"
     if baseline is not None:
         text += "\n" + bootstrap_table(configs, baseline, root, bleu_margin(study, margin)) + "\n"
     elif margin is not None:

@@ -246,12 +246,20 @@ def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp
         regenerate(results_md)
 
 
-def test_ranks_take_the_task_as_their_unit_and_leave_out_a_task_no_run_learned(tmp_path):
+@pytest.mark.parametrize(
+    "threshold",
+    [
+        {"callbacks": {"early_stopping": {"stopping_threshold": 0.99}}},  # older records
+        {"task": {"learned_at": 0.99}, "callbacks": {"early_stopping": None}},  # a fixed budget
+    ],
+)
+def test_ranks_take_the_task_as_their_unit_and_leave_out_a_task_no_run_learned(tmp_path, threshold):
     records = study_with_three_seeds(tmp_path, ("copy", "sort", "mqar"))
     for run in records.iterdir():  # nobody learns mqar: every run falls short of 0.99
         config_file = run / ".hydra" / "config.yaml"
         config = yaml.safe_load(config_file.read_text())
-        config["callbacks"] = {"early_stopping": {"stopping_threshold": 0.99}}
+        config["callbacks"] = threshold["callbacks"]
+        config["task"].update(threshold.get("task", {}))
         config_file.write_text(yaml.safe_dump(config))
         if config["task"]["name"] == "mqar":
             metrics = run / "csv" / "metrics.csv"

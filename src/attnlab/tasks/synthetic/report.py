@@ -122,16 +122,18 @@ def reciprocal_ranks(
 
 
 def learned(run: Run) -> bool | None:
-    """Whether the run's validation exact match reached its early-stopping threshold within
-    its budget (None for a run without one)."""
-    threshold = run.setting("callbacks.early_stopping.stopping_threshold")
+    """Whether the run's validation exact match reached the task's `learned_at` within its
+    budget (older records, which lack it, read their early-stopping threshold; None for a
+    run with neither)."""
+    threshold = run.setting("task.learned_at") or run.setting(
+        "callbacks.early_stopping.stopping_threshold"
+    )
     best = run.best("val/acc", "max")
     return None if threshold in (None, "None") or best is None else best >= float(threshold)
 
 
 def generalization_table(configs: list[Configuration]) -> str:
-    """Per task and configuration: how many seeds learned the task (validation exact match
-    at the early-stopping threshold), test exact match in each bucket (the first holds the
+    """Per task and configuration: how many seeds learned the task (`learned`), test exact match in each bucket (the first holds the
     training lengths), the mean ± the half-width of its 95% t interval over the seeds; then
     each configuration's mean reciprocal rank over the tasks."""
     grouped = by_task(configs)

@@ -145,6 +145,11 @@ def test_the_results_table_counts_the_seeds_that_learned_the_task(tmp_path):
     table = generalization_table(configs(tmp_path))
     assert "| configuration | seeds | learned | ≤20 |" in table
     assert "| pe=rope | 2 | 1 of 2 |" in table
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    config["task"]["learned_at"] = "most"
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"task\.learned_at=.most. is not a number"):
+        generalization_table(configs(tmp_path))
 
 
 def study_with_three_seeds(root: Path, tasks: tuple[str, ...] = ("copy",)) -> Path:
@@ -243,6 +248,13 @@ def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp
     sort_seed_0 = matched / "3" / ".hydra" / "overrides.yaml"
     sort_seed_0.write_text(sort_seed_0.read_text().replace("max_distance=17", "max_distance=18"))
     with pytest.raises(ConfigError, match="runs of sort differ in it: name only keys that each"):
+        regenerate(results_md)
+    results_md.write_text(
+        block.replace("max_distance", "max_distanse").format("") + "<!-- /results:t5 -->\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"per_task=pe\.max_distanse, which none of its runs sets"
+    ):
         regenerate(results_md)
 
 

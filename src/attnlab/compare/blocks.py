@@ -63,6 +63,11 @@ def set_per_task(runs: list[Run], keys: list[str], study: str) -> tuple[list[Run
         values: dict[str, set[str]] = {}
         for run in runs:
             values.setdefault(str(run.setting("task.name")), set()).add(run.value(key))
+        if all(found == {""} for found in values.values()):
+            raise ConfigError(
+                f"RESULTS.md block {study} has per_task={key}, which none of its runs sets: "
+                "name a key of their overrides or configs, e.g. per_task=pe.max_distance"
+            )
         if swept := sorted(task for task, found in values.items() if len(found) > 1):
             raise ConfigError(
                 f"RESULTS.md block {study} has per_task={key}, but the runs of "

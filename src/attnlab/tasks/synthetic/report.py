@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.compare.lengths import STAGE, band, by_length, lengths
-from attnlab.compare.runs import Run
+from attnlab.compare.runs import Run, is_number_text
 from attnlab.compare.seeds import Configuration, compared, paired_compared, summary
 from attnlab.compare.table import Row, markdown_table
+from attnlab.errors import ConfigError
 from attnlab.plots import bands_figure, heatmap_figure, save
 
 ACCURACY = f"{STAGE}/acc"
@@ -129,12 +130,19 @@ def learned(run: Run) -> bool | None:
         "callbacks.early_stopping.stopping_threshold"
     )
     best = run.best("val/acc", "max")
-    return None if threshold in (None, "None") or best is None else best >= float(threshold)
+    if threshold in (None, "None") or best is None:
+        return None
+    if not is_number_text(threshold):
+        raise ConfigError(
+            f"{run.path}: task.learned_at={threshold!r} is not a number: write the validation "
+            "exact match from which a run has learned its task, e.g. 0.99"
+        )
+    return best >= float(threshold)
 
 
 def generalization_table(configs: list[Configuration]) -> str:
-    """Per task and configuration: how many seeds learned the task (`learned`), test exact match in each bucket (the first holds the
-    training lengths), the mean ± the half-width of its 95% t interval over the seeds; then
+    """Per task and configuration: how many seeds learned the task (`learned`), test exact
+    match in each bucket (the first holds the training lengths), the mean ± the half-width of its 95% t interval over the seeds; then
     each configuration's mean reciprocal rank over the tasks."""
     grouped = by_task(configs)
     parts = []

@@ -245,6 +245,11 @@ def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp
     assert "| pe=fox,pe.max_distance=per_task | pe=none | ahead | ahead | tie | tie |" in (
         regenerate(results_md, draw=False)
     )
+    results_md.write_text(  # alone, nothing else swept: the per-task setting names the runs
+        "<!-- results:t5 generalization per_task=pe.max_distance -->\n<!-- /results:t5 -->\n"
+    )
+    text = regenerate(results_md, draw=False)
+    assert "| pe.max_distance=per_task | 3 | 0.980 ± 0.050 |" in text  # not the first run's name
     sort_seed_0 = matched / "3" / ".hydra" / "overrides.yaml"
     sort_seed_0.write_text(sort_seed_0.read_text().replace("max_distance=17", "max_distance=18"))
     with pytest.raises(ConfigError, match="runs of sort differ in it: name only keys that each"):

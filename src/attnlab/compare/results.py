@@ -174,7 +174,8 @@ def block(
             f"RESULTS.md block {study} reads {', '.join(repeated)} twice (beside= names it again): "
             "name each other study once, and never the block's own"
         )
-    runs, matched = set_per_task(runs, per_task.split(";"), study) if per_task else (runs, "")
+    matched_keys = per_task.split(";") if per_task else []
+    runs, matched = set_per_task(runs, matched_keys, study) if per_task else (runs, "")
     for other in others:
         found = study_runs(records.parent / other, other)
         runs += [dataclasses.replace(run, name=f"{other}/{run.name}") for run in found]
@@ -184,7 +185,8 @@ def block(
             f"RESULTS.md block {study} has kind {kind}, which reads {reads} runs, but its "
             f"records are of task {', '.join(sorted(map(str, tasks)))}: use kind configurations"
         )
-    configs = configurations(runs, swept_keys(runs))
+    keys = swept_keys(runs)  # a per-task setting labels its runs even where nothing else is swept
+    configs = configurations(runs, keys + [key for key in matched_keys if key not in keys])
     if among is not None:
         configs = named(configs, among.split(";"), study)
         runs = [run for config in configs for run in config.runs]

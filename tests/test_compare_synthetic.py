@@ -250,6 +250,7 @@ def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp
     )
     text = regenerate(results_md, draw=False)
     assert "| pe.max_distance=per_task | 3 | 0.980 ± 0.050 |" in text  # not the first run's name
+    assert "**Mean reciprocal rank**: not given, with one configuration to rank." in text
     sort_seed_0 = matched / "3" / ".hydra" / "overrides.yaml"
     sort_seed_0.write_text(sort_seed_0.read_text().replace("max_distance=17", "max_distance=18"))
     with pytest.raises(ConfigError, match="runs of sort differ in it: name only keys that each"):

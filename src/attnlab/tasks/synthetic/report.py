@@ -200,6 +200,8 @@ def ranks_table(
     )
     if len(grouped) - len(left) < 2:
         return f"**Mean reciprocal rank**: not given, with fewer than two tasks to rank.{note}"
+    if len(ranks) < 2:  # a lone configuration ranks first everywhere: 1.000, which says nothing
+        return f"**Mean reciprocal rank**: not given, with one configuration to rank.{note}"
     by_mean = sorted(ranks.items(), key=lambda item: -sum(item[1].values()) / len(item[1]))
     rows = [
         {

@@ -175,7 +175,7 @@ def block(
             "name each other study once, and never the block's own"
         )
     matched_keys = per_task.split(";") if per_task else []
-    runs, matched = set_per_task(runs, matched_keys, study) if per_task else (runs, "")
+    runs, matched = set_per_task(runs, matched_keys, study) if matched_keys else (runs, "")
     for other in others:
         found = study_runs(records.parent / other, other)
         runs += [dataclasses.replace(run, name=f"{other}/{run.name}") for run in found]

@@ -142,8 +142,9 @@ def learned(run: Run) -> bool | None:
 
 def generalization_table(configs: list[Configuration]) -> str:
     """Per task and configuration: how many seeds learned the task (`learned`), test exact
-    match in each bucket (the first holds the training lengths), the mean ± the half-width of its 95% t interval over the seeds; then
-    each configuration's mean reciprocal rank over the tasks."""
+    match in each bucket (the first holds the training lengths), the mean ± the half-width
+    of its 95% t interval over the seeds; then each configuration's mean reciprocal rank
+    over the tasks."""
     grouped = by_task(configs)
     parts = []
     for task, found in grouped.items():

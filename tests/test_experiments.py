@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from helpers import ROOT, SHARED_DATA
+from omegaconf import OmegaConf
 
 from attnlab.config.options import options
 from attnlab.runner.train import train
@@ -72,3 +73,12 @@ def test_part_of_an_experiment_runs_with_its_swept_keys_replaced_on_the_command_
     chosen = {(job / ".hydra" / "overrides.yaml").read_text() for job in jobs}
     assert all("pe=rope" in text or "pe=t5" in text for text in chosen)
     assert all("seed=0" in text for text in chosen)
+
+
+def test_the_paper_protocol_sweeps_the_papers_five_encodings_and_tasks():
+    """Kazemnejad et al. 2023 compare NoPE, absolute (sinusoidal), T5, ALiBi and rotary; full
+    rotary runs beside the quarter-head one of the second command."""
+    sweep = OmegaConf.load(ROOT / "conf/experiment/length_generalization_paper.yaml").hydra
+    params = sweep.sweeper.params
+    assert set(params.pe.split(",")) == {"none", "sinusoidal", "rope", "t5", "alibi"}
+    assert set(params.task.split(",")) == {"copy", "reverse", "sort", "addition", "parity"}

@@ -144,10 +144,22 @@ def test_a_stored_override_of_a_setting_gone_names_the_checkpoint(program, train
         "trainer.default_root_dir=/elsewhere",
         "++trainer.profiler.dirpath=/elsewhere",
         "pe@hydra.run=rope",
+        "model.schedule.pattern=[{pe:pe,window:8},{pe:nope}]",
+        "model.schedule.pattern=[{pe:{_target_:os.system}}]",
+        "model.schedule.pattern=[{_partial_:true}]",
+        "model.schedule.pattern=[{pe:'${oc.env:HOME}'}]",
+        "task.data.hooks={_target_:os.system}",
+        "callbacks.early_stopping=null",
+        "callbacks.latest=null",
+        "~callbacks.early_stopping",
+        "+callbacks.early_stopping=null",
     ],
 )
 def test_only_literal_values_in_their_place_pass(override):
-    kept = override in ("pe=rope", "task.data.dir=/data/multi30k", "tags=[a,b]")
+    kept = override in (
+        "pe=rope", "task.data.dir=/data/multi30k", "tags=[a,b]",
+        "model.schedule.pattern=[{pe:pe,window:8},{pe:nope}]", "callbacks.early_stopping=null",
+    )  # fmt: skip
     assert allowed_overrides([override], "a checkpoint") == ([override] if kept else [])
 
 

@@ -30,13 +30,17 @@ def overrides(job_dir: Path) -> list[str]:
     return OmegaConf.to_container(OmegaConf.load(job_dir / ".hydra" / "overrides.yaml"))
 
 
+# a setting whose value is a list of records, as a hybrid stack's layers are given
+PATTERN = ["pe=rope", "schedule=nope_every_4", "model.schedule.pattern=[{pe:pe},{pe:nope}]"]
+
+
 @pytest.fixture(scope="module")
 def killed_sweep(tmp_path_factory) -> Path:
-    """A 3-job sweep SIGKILLed while its job 1 trains (its last.ckpt written at the end of an
-    epoch, each of one step): job 0 done, job 2 never started."""
+    """A 3-job sweep of a hybrid stack SIGKILLed while its job 1 trains (its last.ckpt written
+    at the end of an epoch, each of one step): job 0 done, job 2 never started."""
     sweep = tmp_path_factory.mktemp("killed") / "sweep"
     process = subprocess.Popen(
-        [sys.executable, "train.py", "-m", *TINY, "trainer.max_epochs=2,60,3",
+        [sys.executable, "train.py", "-m", *TINY, *PATTERN, "trainer.max_epochs=2,60,3",
          f"hydra.sweep.dir={sweep}"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -71,6 +75,9 @@ def test_a_killed_sweep_finishes_and_leaves_its_finished_job_alone(killed_sweep,
     assert record.earlier == 0.0, "job 2 ran afresh"
     assert status.read(killed_sweep / "1").earlier > 0, "job 1 resumed, not restarted"
     assert overrides(killed_sweep / "2") == sweep_jobs(killed_sweep)[2]
+    for n in (1, 2):  # the hybrid stack each job was asked for, resumed or started afresh
+        ran = OmegaConf.load(killed_sweep / str(n) / ".hydra" / "config.yaml")
+        assert OmegaConf.to_container(ran.model.schedule.pattern) == [{"pe": "pe"}, {"pe": "nope"}]
     assert "comparison: " in result.stdout and (killed_sweep / "comparison.md").is_file()
     again = train_py(f"run_dir={killed_sweep}")
     assert again.returncode == 0 and "0 of 3 jobs to run or resume" in again.stdout
@@ -216,6 +223,22 @@ def test_a_job_never_started_reads_its_data_from_where_the_sweep_was_launched(tm
     command = job_command(sweep, 1, sweep_jobs(sweep)[1], None, [], launched_here)
     assert f"task.data.dir='{tmp_path / 'launched_here' / 'corpus'}'" in command
     assert command[-1] == f"hydra.run.dir={sweep / '1'}"
+
+
+def test_a_job_never_started_whose_override_a_file_may_not_set_is_refused(tmp_path):
+    """Started without it, the job would run another configuration than the sweep's."""
+    sweep = fake_sweep(tmp_path / "s", BASIC, ["model=tiny", "callbacks.latest=null"])
+    result = train_py(f"run_dir={sweep}")
+    assert result.returncode == 1
+    assert last_line(result) == (
+        f"attnlab: job 0 of {sweep} has overrides that are not applied again from a file "
+        "(callbacks.latest=null), so it would run another configuration: pass them after "
+        "run_dir=, or run the job yourself (python train.py pe=none model=tiny "
+        f"callbacks.latest=null hydra.run.dir={sweep / '0'}), then resume again"
+    )
+    assert not (sweep / "0").exists()
+    given = job_command(sweep, 0, sweep_jobs(sweep)[0], None, ["callbacks.latest=null"])
+    assert given[-2:] == ["callbacks.latest=null", f"hydra.run.dir={sweep / '0'}"]
 
 
 def test_a_sweep_whose_jobs_are_not_numbered_is_one_sentence(tmp_path):

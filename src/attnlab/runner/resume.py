@@ -4,13 +4,15 @@
 overrides the run was trained with ahead of the command line's, so that the model is the
 one trained. Those overrides are read from a file, so they pass an allow-list first: group
 choices (`pe=rope`, `~logger`), literal values of the run's own settings
-(`model.d_model=64`, `task.data.dir=/data/multi30k`) and numbers, booleans or null set on the
-few callback options of RESUMED_CALLBACK_OPTIONS (`callbacks.early_stopping.min_delta=0.05`:
-a resumed run stops by the rule it started with). Left out, and named on stderr: anything
-that could name code to run (`_target_`, dicts, an interpolation or resolver such as
-`${oc.env:HOME}` anywhere in a value), reach into the machinery (`hydra.*`, `logger.*`, any
-other callback option, a callback added or deleted), or choose where output goes
-(`paths.*`, `*.dirpath`, ...): a file never decides that.
+(`model.d_model=64`, `task.data.dir=/data/multi30k`), including lists of flat records of
+them (`model.schedule.pattern=[{pe:pe,window:8},{pe:nope}]`), numbers, booleans or null set on
+the few callback options of RESUMED_CALLBACK_OPTIONS (`callbacks.early_stopping.min_delta=0.05`:
+a resumed run stops by the rule it started with), and the callbacks of RESUMED_CALLBACKS_OFF
+turned off (`callbacks.early_stopping=null`). Left out, and named on stderr: anything that
+could name code to run (`_target_` or any other key starting with `_`, a record inside a
+record, an interpolation or resolver such as `${oc.env:HOME}` anywhere in a value), reach into
+the machinery (`hydra.*`, `logger.*`, any other callback option, a callback added or any other
+deleted), or choose where output goes (`paths.*`, `*.dirpath`, ...): a file never decides that.
 """
 
 from __future__ import annotations
@@ -51,16 +53,30 @@ RESUMED_CALLBACK_OPTIONS = {
     "latest": ("every_n_minutes", "every_n_steps", "keep_when_done"),
     "progress_bar": ("refresh_rate",),
 }
+# the callbacks a stored override may turn off: how a run stops, never what it saves
+RESUMED_CALLBACKS_OFF = ("early_stopping",)
 NUMERIC = (int, float, bool, type(None))
 
 
+def _primitive(value: Any) -> bool:
+    """A value OmegaConf would not evaluate (no `${...}`)."""
+    return isinstance(value, PRIMITIVE) and not (isinstance(value, str) and "${" in value)
+
+
+def _record(value: Any) -> bool:
+    """A flat record of primitives under plain names (`{pe: pe, window: 8}`): no `_target_`
+    or other key Hydra's instantiate reads, no record inside it."""
+    return isinstance(value, dict) and all(
+        isinstance(key, str) and OPTION_NAME.fullmatch(key) is not None
+        and not key.startswith("_") and _primitive(item)
+        for key, item in value.items()
+    )  # fmt: skip
+
+
 def _literal(value: Any) -> bool:
-    """A primitive, or a list of them, that OmegaConf would not evaluate (no `${...}`)."""
+    """A primitive, a flat record, or a list of them."""
     items = value if isinstance(value, list) else [value]
-    return all(
-        isinstance(item, PRIMITIVE) and not (isinstance(item, str) and "${" in item)
-        for item in items
-    )
+    return all(_primitive(item) or _record(item) for item in items)
 
 
 def _allowed(override: Override) -> bool:
@@ -80,6 +96,8 @@ def _allowed(override: Override) -> bool:
         return False
     if parts[0] == "callbacks":  # an option of a callback the config has, never a new one
         edits = not (override.is_add() or override.is_force_add() or override.is_delete())
+        if len(parts) == 2 and parts[1] in RESUMED_CALLBACKS_OFF:
+            return edits and override.value() is None
         named = len(parts) == 3 and parts[2] in RESUMED_CALLBACK_OPTIONS.get(parts[1], ())
         return named and edits and isinstance(override.value(), NUMERIC)
     if (parts[0] in SETTINGS and len(parts) > 1) or key in TOP_VALUES:

@@ -6,8 +6,10 @@ numbering, `<sweep dir>/<job num>`. Each job, by what its directory holds:
 - a completed run: left as it is (even with the `last.ckpt` it may keep);
 - `checkpoints/last.ckpt`: resumed, as `train.py run_dir=<job dir>` would;
 - nothing (the sweep stopped before the job started): run in `<sweep dir>/<job num>` with the
-  job's overrides that attnlab.runner.resume's allow-list passes (it names any it leaves out),
-  relative data locations taken from the directory the sweep was launched from;
+  job's overrides, relative data locations taken from the directory the sweep was launched
+  from; when attnlab.runner.resume's allow-list leaves out one that the arguments after
+  `run_dir=` do not give again, the job would run something else than the sweep asked, so the
+  resume refuses and gives the command to run it;
 - anything else (a failed run, or one stopped before its first checkpoint): named and left
   alone, with its logs; delete its directory and resume again to run it afresh.
 The resume launches the jobs itself, so the sweep's Hydra settings (`hydra/launcher=joblib`,
@@ -19,6 +21,7 @@ does: the comparison of every job, and a non-zero exit if any did not complete.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -115,6 +118,14 @@ def job_command(
     # relative data locations read from where the sweep was launched, as its jobs did
     located = absolute_locations(allowed, launched_from) if launched_from else allowed
     if not job_dir.exists():
+        if left_out := [text for text in overrides if text not in allowed and text not in extra]:
+            typed = " ".join(shlex.quote(text) for text in overrides)
+            raise ConfigError(
+                f"job {number} of {sweep} has overrides that are not applied again from a file "
+                f"({' '.join(left_out)}), so it would run another configuration: pass them after "
+                f"run_dir=, or run the job yourself (python train.py {typed} "
+                f"hydra.run.dir={job_dir}), then resume again"
+            )
         return [*train, *located, *extra, f"hydra.run.dir={job_dir}"]
     ran_file = job_dir / ".hydra" / "overrides.yaml"
     try:

@@ -149,6 +149,8 @@ def test_a_stored_override_of_a_setting_gone_names_the_checkpoint(program, train
         "model.schedule.pattern=[{_partial_:true}]",
         "model.schedule.pattern=[{pe:'${oc.env:HOME}'}]",
         "task.data.hooks={_target_:os.system}",
+        "trainer.profiler={dirpath:/elsewhere}",
+        "model.schedule.pattern=[{pe:pe,save_dir:/elsewhere}]",
         "callbacks.early_stopping=null",
         "callbacks.latest=null",
         "~callbacks.early_stopping",

@@ -12,7 +12,7 @@ turned off (`callbacks.early_stopping=null`). Left out, and named on stderr: any
 could name code to run (`_target_` or any other key starting with `_`, a record inside a
 record, an interpolation or resolver such as `${oc.env:HOME}` anywhere in a value), reach into
 the machinery (`hydra.*`, `logger.*`, any other callback option, a callback added or any other
-deleted), or choose where output goes (`paths.*`, `*.dirpath`, ...): a file never decides that.
+deleted), or choose where output goes (`paths.*`, `*.dirpath`, ..., as a key or inside a record): a file never decides that.
 """
 
 from __future__ import annotations
@@ -65,10 +65,11 @@ def _primitive(value: Any) -> bool:
 
 def _record(value: Any) -> bool:
     """A flat record of primitives under plain names (`{pe: pe, window: 8}`): no `_target_`
-    or other key Hydra's instantiate reads, no record inside it."""
+    or other key Hydra's instantiate reads, no key saying where output goes, no record
+    inside it."""
     return isinstance(value, dict) and all(
         isinstance(key, str) and OPTION_NAME.fullmatch(key) is not None
-        and not key.startswith("_") and _primitive(item)
+        and not key.startswith("_") and key not in OUTPUT_KEYS and _primitive(item)
         for key, item in value.items()
     )  # fmt: skip
 

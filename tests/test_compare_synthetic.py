@@ -18,7 +18,7 @@ from attnlab.compare.blocks import block_options
 from attnlab.compare.report import compare
 from attnlab.compare.results import regenerate
 from attnlab.compare.runs import find_runs
-from attnlab.compare.seeds import configurations, paired_compared
+from attnlab.compare.seeds import Configuration, configurations, label_pairs, paired_compared
 from attnlab.errors import ConfigError
 from attnlab.tasks.synthetic.report import (
     by_task,
@@ -73,6 +73,16 @@ def test_configurations_are_grouped_by_task_and_named_without_it(sweep):
         "mqar": ["pe=rope"],
     }
     assert all(len(config.runs) == 2 for found in grouped.values() for config in found.values())
+
+
+def test_a_label_names_its_configuration_whatever_the_order_of_its_keys():
+    setting = {"task": "copy", "pe": "randomized", "pe@pe.base": "rope", "tags": "[a,b]"}
+    config = Configuration(setting, [])
+    assert label_pairs("tags=[a,b],pe=rope") == {"tags=[a,b]", "pe=rope"}  # a value's comma
+    assert config.answers_to("pe@pe.base=rope,tags=[a,b],pe=randomized", "task")
+    assert not config.answers_to("pe=randomized,pe@pe.base=rope", "task")  # a pair left out
+    assert not config.answers_to("pe=randomized,pe@pe.base=learned,tags=[a,b]", "task")
+    assert not config.answers_to("pe=randomized,pe@pe.base=rope,tags=[a,b]")  # the task's too
 
 
 def test_the_heat_map_holds_each_tasks_longest_bucket_mean_over_seeds(sweep):
@@ -239,12 +249,12 @@ def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp
     assert "`pe.max_distance`: copy 17, sort 17, reverse 9." in text
     assert "| pe=fox,pe.max_distance=per_task | 3 | 1.000 ± 0.000 |" in text
     assert "| pe=rope | 3 | 0.274 ± 0.051 |" in text  # the beside study's runs keep their labels
-    results_md.write_text(
-        block.format(" among=pe=fox,pe.max_distance=per_task;pe=none") + "<!-- /results:t5 -->\n"
-    )
-    assert "| pe=fox,pe.max_distance=per_task | pe=none | ahead | ahead | tie | tie |" in (
-        regenerate(results_md, draw=False)
-    )
+    for among in ("pe=fox,pe.max_distance=per_task", "pe.max_distance=per_task,pe=fox"):
+        # a label's keys in any order: their order follows the records read
+        results_md.write_text(block.format(f" among={among};pe=none") + "<!-- /results:t5 -->\n")
+        assert "| pe=fox,pe.max_distance=per_task | pe=none | ahead | ahead | tie | tie |" in (
+            regenerate(results_md, draw=False)
+        )
     results_md.write_text(  # alone, nothing else swept: the per-task setting names the runs
         "<!-- results:t5 generalization per_task=pe.max_distance -->\n<!-- /results:t5 -->\n"
     )

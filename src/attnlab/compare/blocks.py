@@ -42,15 +42,19 @@ def bleu_margin(study: str, margin: str | None) -> float | None:
 
 
 def named(configs: list[Configuration], labels: list[str], study: str) -> list[Configuration]:
-    """The configurations labelled `labels` (without the task), in that order."""
-    found = {config.label_without("task") for config in configs}
-    if missing := [label for label in labels if label not in found]:
+    """The configurations labelled `labels` (without the task; their keys in any order), in
+    the order of `labels`."""
+    kept = {
+        label: [config for config in configs if config.answers_to(label, "task")]
+        for label in labels
+    }
+    if missing := [label for label, found in kept.items() if not found]:
+        found = {config.label_without("task") for config in configs}
         raise ConfigError(
             f"RESULTS.md block {study} names {', '.join(missing)} among its configurations, "
             f"which its records do not hold: use labels of {'; '.join(sorted(found))}"
         )
-    kept = [config for config in configs if config.label_without("task") in labels]
-    return sorted(kept, key=lambda config: labels.index(config.label_without("task")))
+    return [config for found in kept.values() for config in found]
 
 
 def set_per_task(runs: list[Run], keys: list[str], study: str) -> tuple[list[Run], str]:

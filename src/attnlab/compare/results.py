@@ -10,7 +10,9 @@ RESULTS.md marks where a study's table goes:
     ... generated: the table and a link to its heat map ...
     <!-- /results:<study> -->
 
-Options come in any order (`compare/blocks.py` reads them). `among=<label>;<label>;...` (labels without the task) keeps
+Options come in any order (`compare/blocks.py` reads them), and so do a label's `key=value`
+pairs (their order in the tables follows the records read). `among=<label>;<label>;...`
+(labels without the task) keeps
 only those configurations, in that order, and draws no plot: a claim about some of a study's
 configurations is judged among them alone (Kazemnejad et al. rank five encodings, not
 twelve). A generalization block then

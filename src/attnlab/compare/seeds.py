@@ -38,6 +38,12 @@ class Configuration:
         text = ",".join(f"{key}={value}" for key, value in found if value and key not in keys)
         return text or self.runs[0].name
 
+    def answers_to(self, label: str, *without: str) -> bool:
+        """Whether `label` names it (without the overrides of `without`), its `key=value`
+        pairs in any order: the order of a label's keys follows the records read, so it
+        changes when records are added, and a name written in RESULTS.md must not."""
+        return label_pairs(self.label_without(*without)) == label_pairs(label)
+
     def values(self, metric: str) -> list[float]:
         return [value for run in self.runs if (value := run.last(metric)) is not None]
 
@@ -65,6 +71,18 @@ class Configuration:
             for position, value in run.by_position().items():
                 found.setdefault(position, []).append(value)
         return {p: sum(values) / len(values) for p, values in sorted(found.items())}
+
+
+def label_pairs(label: str) -> frozenset[str]:
+    """A label's `key=value` pairs; a piece without "=" belongs to the value before it (a value
+    with a comma in it)."""
+    pairs: list[str] = []
+    for piece in label.split(","):
+        if "=" in piece or not pairs:
+            pairs.append(piece)
+        else:
+            pairs[-1] += "," + piece
+    return frozenset(pairs)
 
 
 def configurations(runs: list[Run], keys: list[str]) -> list[Configuration]:

@@ -114,12 +114,13 @@ def bootstrap_table(
     found = {config.label: config for config in configs}
     if len(found) == 1:
         return f"Paired bootstrap: one configuration only, so nothing to compare with {baseline}."
-    if baseline not in found:
+    named = [config for config in configs if config.answers_to(baseline)]
+    if not named:
         raise ConfigError(
             f"the paired bootstrap's baseline {baseline} is none of the configurations: name "
             f"one of {'; '.join(sorted(found))}"
         )
-    base = {run.setting("seed"): run for run in found[baseline].runs}
+    base = {run.setting("seed"): run for run in named[0].runs}
     lines = [
         f"Paired bootstrap resampling of test BLEU against {baseline} (sacreBLEU, {SAMPLES} "
         f"resamples), seed by seed: BLEU difference and p-value; ahead or behind only where "
@@ -129,7 +130,7 @@ def bootstrap_table(
         "|---|---|---|" + ("---|" if margin is not None else ""),
     ]
     for label, config in found.items():
-        if label == baseline:
+        if config is named[0]:
             continue
         cells, pairs = [], []
         for run in config.runs:

@@ -312,6 +312,26 @@ def test_a_budget_line_gives_the_stopping_rule_and_the_validations_each_run_made
     )
 
 
+def test_a_budget_line_says_when_runs_had_no_early_stopping_and_how_they_ended(tmp_path):
+    """A fixed budget (Kazemnejad et al.'s protocol) beside runs stopped at a threshold: the
+    line says which runs had no rule and how every run ended."""
+    for job, (steps, stop) in enumerate([(1000, None), (1000, None), (300, 0.99)]):
+        run = fake_run(tmp_path / str(job), [f"seed={job}"], [{"step": steps, "val/acc": 0.995}])
+        config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+        config["trainer"] = {"max_steps": 1000}
+        rule = {"monitor": "val/acc", "mode": "max", "stopping_threshold": stop} if stop else None
+        config["callbacks"] = {"early_stopping": rule}
+        (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    assert budget(find_runs(tmp_path)).endswith(
+        "stopped early on val/acc at 0.99 (after 1 validation); 2 of 3 runs without early "
+        "stopping; runs stopped: 1 at the threshold, 2 at the step cap."
+    )
+    (tmp_path / "2").rename(tmp_path.parent / "ruled")
+    assert budget(find_runs(tmp_path)).endswith(
+        "; no early stopping; runs stopped: 2 at the step cap."
+    )
+
+
 def stopping_run(directory: Path, series: list[float], trainer: dict, stop: dict) -> Path:
     rows = [{"step": 100 * (n + 1), "val/acc": value} for n, value in enumerate(series)]
     run = fake_run(directory, [f"seed={directory.name}"], rows)

@@ -41,9 +41,7 @@ def budget(runs: list[Run]) -> str:
         parts.append(f"validation generates for the first {generated} examples only")
     metric, mode = values(runs, "optimized_metric"), values(runs, "task.metric_mode")
     parts.append(f"checkpoint tested: best {metric} ({mode}) on validation")
-    stop = values(runs, "callbacks.early_stopping.monitor")
-    if stop:
-        parts.append(early_stopping(runs, stop))
+    parts.append(stopping(runs))
     return "Budget, from the runs' records: " + "; ".join(parts) + "."
 
 
@@ -51,6 +49,19 @@ def spread(counts: list[int]) -> str:
     """The smallest and largest of `counts` ("4,655" or "4,655–5,880")."""
     low, high = min(counts), max(counts)
     return f"{low:,}" + (f"–{high:,}" if high != low else "")
+
+
+def stopping(runs: list[Run]) -> str:
+    """The early-stopping rule the runs' records hold ("no early stopping" where none does;
+    how many runs ran without it where only some do), and how each run stopped."""
+    monitor = values(runs, "callbacks.early_stopping.monitor")
+    ruled = [run for run in runs if run.setting("callbacks.early_stopping.monitor")]
+    rule = early_stopping(ruled, monitor) if ruled else "no early stopping"
+    if ruled and len(ruled) < len(runs):
+        rule += f"; {len(runs) - len(ruled)} of {len(runs)} runs without early stopping"
+    ends = Counter(stopped_by(run, monitor) for run in runs)
+    order = ("at the threshold", "by patience", "at the step cap", "at the epoch cap", "otherwise")
+    return rule + "; runs stopped: " + ", ".join(f"{ends[e]} {e}" for e in order if ends[e])
 
 
 def early_stopping(runs: list[Run], monitor: str) -> str:
@@ -64,9 +75,7 @@ def early_stopping(runs: list[Run], monitor: str) -> str:
     made = [len(series) for run in runs if (series := run.metrics.get(monitor))]
     if made:
         rule += f" (after {spread(made)} validation{'s' if max(made) > 1 else ''})"
-    ends = Counter(stopped_by(run, monitor) for run in runs)
-    order = ("at the threshold", "by patience", "at the step cap", "at the epoch cap", "otherwise")
-    return rule + "; runs stopped: " + ", ".join(f"{ends[e]} {e}" for e in order if ends[e])
+    return rule
 
 
 def setting_number(run: Run, key: str) -> float | None:

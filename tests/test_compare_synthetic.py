@@ -130,9 +130,21 @@ def test_the_results_table_gives_each_bucket_with_its_interval_and_the_ranks(swe
         line for line in table.splitlines() if line.startswith("| pe=rope | 2 | 0.990")
     )
     assert copy_rope.count("±") == 5  # a 95% interval in each of four buckets and past them
-    # none ran copy alone (first in both seeds): one task, no interval; rope ranks in two
-    assert "| pe=none | 1 | 1.000 (1 task: no interval) |" in table
-    assert "| pe=rope | 2 | 0.750 ± 3.177 |" in table  # copy 0.5, mqar 1: t(0.975, 1) = 12.7
+    # mqar, which rope ran alone, is not ranked: one task left, too few to rank
+    assert "**Mean reciprocal rank**: not given, with fewer than two tasks to rank." in table
+    assert "Left out: mqar, which not every configuration ran" in table
+
+
+def test_ranks_compare_configurations_on_the_tasks_that_all_of_them_ran(tmp_path):
+    """A configuration alone in a task would rank first there; its mean would then mix tasks
+    the others never ran (Kazemnejad et al.'s code drops such columns too)."""
+    records = study_with_three_seeds(tmp_path, ("copy", "sort", "reverse"))
+    for seed in (0, 1, 2):  # only rope runs mqar
+        fake_synthetic_run(records / f"mqar_{seed}", "mqar", "rope", seed)
+    table = generalization_table(configs(records))
+    assert "Left out: mqar, which not every configuration ran" in table
+    assert "| pe=rope | 3 | " in table  # ranked in copy, sort and reverse: not first in mqar
+    assert "| pe=none | 3 | 1.000 ± 0.000 |" in table
 
 
 def test_a_configuration_without_its_tasks_longest_bucket_is_blank_there(sweep):

@@ -160,8 +160,24 @@ def generalization_table(configs: list[Configuration]) -> str:
             cells["past training"] = summary(longer_accuracies(config))
             rows.append(cells)
         parts.append(f"**{task}**: test exact match by bucket of lengths\n\n{markdown_table(rows)}")
-    left = unlearned(grouped)
+    left = left_out(grouped)
     return "\n\n".join([*parts, ranks_table(grouped, left, task_ranks(grouped, left))])
+
+
+UNLEARNED = "which no run of any configuration learned (its ranks would order failures)"
+PARTIAL = "which not every configuration ran (ranks compare configurations on the same tasks)"
+
+
+def left_out(grouped: dict[str, dict[str, Configuration]]) -> dict[str, list[str]]:
+    """The tasks kept out of the ranks, by why: those that not every configuration ran (a
+    configuration alone in a task would rank first there; Kazemnejad et al.'s code drops
+    such columns too) and those that no run learned (`unlearned`)."""
+    labels = {label for found in grouped.values() for label in found}
+    partial = [task for task, found in grouped.items() if set(found) != labels]
+    return {
+        UNLEARNED: [task for task in unlearned(grouped) if task not in partial],
+        PARTIAL: partial,
+    }
 
 
 def unlearned(grouped: dict[str, dict[str, Configuration]]) -> list[str]:
@@ -176,11 +192,12 @@ def unlearned(grouped: dict[str, dict[str, Configuration]]) -> list[str]:
 
 
 def task_ranks(
-    grouped: dict[str, dict[str, Configuration]], left: list[str]
+    grouped: dict[str, dict[str, Configuration]], left: dict[str, list[str]]
 ) -> dict[str, dict[str, float]]:
     """label -> task -> its reciprocal rank in the task, the mean over the task's seeds;
-    the tasks but those `left` out (`unlearned`)."""
-    ranked = reciprocal_ranks({task: found for task, found in grouped.items() if task not in left})
+    the tasks but those `left` out (`left_out`)."""
+    out = {task for tasks in left.values() for task in tasks}
+    ranked = reciprocal_ranks({task: found for task, found in grouped.items() if task not in out})
     return {
         label: {task: sum(seeds) / len(seeds) for task, seeds in tasks.items()}
         for label, tasks in ranked.items()
@@ -189,17 +206,13 @@ def task_ranks(
 
 def ranks_table(
     grouped: dict[str, dict[str, Configuration]],
-    left: list[str],
+    left: dict[str, list[str]],
     ranks: dict[str, dict[str, float]],
 ) -> str:
     """The mean reciprocal ranks `ranks` (`task_ranks` of `grouped` without `left`)."""
-    note = (
-        f" Left out: {', '.join(left)}, which no run of any configuration learned (its ranks "
-        "would order failures)."
-        if left
-        else ""
-    )
-    if len(grouped) - len(left) < 2:
+    why = [f"{', '.join(tasks)}, {reason}" for reason, tasks in left.items() if tasks]
+    note = f" Left out: {'; '.join(why)}." if why else ""
+    if len(grouped) - sum(map(len, left.values())) < 2:
         return f"**Mean reciprocal rank**: not given, with fewer than two tasks to rank.{note}"
     if len(ranks) < 2:  # a lone configuration ranks first everywhere: 1.000, which says nothing
         return f"**Mean reciprocal rank**: not given, with one configuration to rank.{note}"
@@ -232,7 +245,7 @@ def generalization_contrasts(configs: list[Configuration]) -> str:
     listed against the second: on the mean reciprocal rank paired by task and, per task, on
     exact match past the training lengths by the verdict rule (its values one per seed)."""
     grouped = by_task(configs)
-    left = unlearned(grouped)
+    left = left_out(grouped)
     ranks = task_ranks(grouped, left)
     labels = list(dict.fromkeys(label for found in grouped.values() for label in found))
     rows = []

@@ -1,4 +1,5 @@
-"""Figures of bands: panels wrap four to a row, every label in one legend."""
+"""Figures of bands: panels wrap four to a row, every label in one legend, each curve told
+apart from the others when the colours run out."""
 
 from __future__ import annotations
 
@@ -27,3 +28,19 @@ def test_panels_wrap_four_to_a_row_and_the_spare_cells_stay_empty(panels, rows, 
         "pe=rope",
         *(f"pe={i}" for i in range(panels)),
     }
+
+
+def test_past_ten_curves_the_colours_repeat_with_another_line_style_and_marker():
+    labels = [f"pe={i}" for i in range(11)]
+    figure = bands_figure({"copy": dict.fromkeys(labels, BAND)}, "length", "exact match", {})
+    lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
+    first, eleventh = lines["pe=0"], lines["pe=10"]
+    assert first.get_color() == eleventh.get_color()  # matplotlib's 10 colours, then again
+    assert (first.get_linestyle(), first.get_marker()) == ("-", "o")
+    assert (eleventh.get_linestyle(), eleventh.get_marker()) == ("--", "s")
+    styles = {
+        (line.get_color(), line.get_linestyle(), line.get_marker()) for line in lines.values()
+    }
+    assert len(styles) == len(labels)
+    (shaded, *_) = figure.axes[0].collections
+    assert shaded.get_alpha() == pytest.approx(0.08)  # eleven ranges: drawn fainter

@@ -84,6 +84,15 @@ def line_style(index: int) -> str:
     return ("-", "--", ":", "-.")[index // 10 % 4]
 
 
+def marker_of(index: int) -> str:
+    """The marker of the index-th curve of few points: past the 10 colours of the cycle, a
+    second shape beside the second line style (a dash is hard to see on a short segment)."""
+    return ("o", "s", "^", "D")[index // 10 % 4]
+
+
+CROWDED = 6  # more curves than this to a panel: their shaded ranges are drawn fainter
+
+
 SPLITS = {"val": "validation", "test": "test", "train": "training"}
 
 
@@ -168,13 +177,14 @@ def bands_figure(
         ax.set_visible(False)
     axes = list(grid.flat[: len(panels)])
     labels = list(dict.fromkeys(label for bands in panels.values() for label in bands))
+    shade = 0.2 if len(labels) <= CROWDED else 0.08
     for ax, (title, bands) in zip(axes, panels.items(), strict=True):
         for label, (xs, mean, low, high) in bands.items():
             index = labels.index(label)
             colour, style = f"C{index % 10}", line_style(index)
-            marker = "o" if len(xs) < 30 else None
+            marker = marker_of(index) if len(xs) < 30 else None
             ax.plot(xs, mean, color=colour, linestyle=style, marker=marker, label=label)
-            ax.fill_between(xs, low, high, color=colour, alpha=0.2, linewidth=0)
+            ax.fill_between(xs, low, high, color=colour, alpha=shade, linewidth=0)
         for x, text in marks.items():
             ax.axvline(x, color="grey", linestyle=":", label=text)
         for text, (xs, ys) in (references or {}).items():

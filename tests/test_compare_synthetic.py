@@ -267,6 +267,10 @@ def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp
         assert "| pe=fox,pe.max_distance=per_task | pe=none | ahead | ahead | tie | tie |" in (
             regenerate(results_md, draw=False)
         )
+    twice = " among=pe=fox,pe.max_distance=per_task;pe=none;pe.max_distance=per_task,pe=fox"
+    results_md.write_text(block.format(twice) + "<!-- /results:t5 -->\n")
+    with pytest.raises(ConfigError, match=r"names pe\.max_distance=per_task,pe=fox twice among"):
+        regenerate(results_md)
     results_md.write_text(  # alone, nothing else swept: the per-task setting names the runs
         "<!-- results:t5 generalization per_task=pe.max_distance -->\n<!-- /results:t5 -->\n"
     )

@@ -15,6 +15,7 @@ from PIL import Image, PngImagePlugin
 LABELLED = 16  # an example this long or shorter gets its positions on the axes
 CELL = 1.7  # inches per heat-map panel
 PANELS_PER_ROW = 4  # of a figure of bands: seven tasks side by side were too wide to read
+CROWDED = 6  # more curves than this to a figure of bands: their shaded ranges are fainter
 SOURCE = "attnlab-source"  # a PNG text field: what the figure was drawn from
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
 # x, and the mean, smallest and largest value (over seeds) at each x
@@ -88,9 +89,6 @@ def marker_of(index: int) -> str:
     """The marker of the index-th curve of few points: past the 10 colours of the cycle, a
     second shape beside the second line style (a dash is hard to see on a short segment)."""
     return ("o", "s", "^", "D")[index // 10 % 4]
-
-
-CROWDED = 6  # more curves than this to a panel: their shaded ranges are drawn fainter
 
 
 SPLITS = {"val": "validation", "test": "test", "train": "training"}

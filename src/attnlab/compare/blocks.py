@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from attnlab.compare.runs import Run
-from attnlab.compare.seeds import Configuration
+from attnlab.compare.seeds import Configuration, label_pairs
 from attnlab.errors import ConfigError
 
 OPTIONS = ("baseline", "among", "margin", "beside", "per_task")  # key=value, any order
@@ -44,6 +44,12 @@ def bleu_margin(study: str, margin: str | None) -> float | None:
 def named(configs: list[Configuration], labels: list[str], study: str) -> list[Configuration]:
     """The configurations labelled `labels` (without the task; their keys in any order), in
     the order of `labels`."""
+    pairs = [label_pairs(label) for label in labels]
+    if repeated := [label for n, label in enumerate(labels) if pairs[n] in pairs[:n]]:
+        raise ConfigError(
+            f"RESULTS.md block {study} names {', '.join(repeated)} twice among its "
+            "configurations: name each configuration once"
+        )
     kept = {
         label: [config for config in configs if config.answers_to(label, "task")]
         for label in labels

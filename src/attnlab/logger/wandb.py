@@ -35,6 +35,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from attnlab.errors import ConfigError
 from attnlab.logger.naming import RunLabels
 from attnlab.logger.storage import writable_directory
+from attnlab.shell import command
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,10 @@ class WandbLogger(LightningWandbLogger):
         if self.mode == "online":
             log.info("W&B run: %s", run.url)
         elif self.mode == "offline" and ended:
-            log.info("W&B run saved offline; upload it with: wandb sync %s", Path(run.dir).parent)
+            log.info(
+                "W&B run saved offline; upload it with: %s",
+                command("wandb", "sync", Path(run.dir).parent),
+            )
         elif self.mode == "offline":
             log.info("W&B logs this run offline, to %s", Path(run.dir).parent)
 

@@ -52,6 +52,7 @@ from attnlab.data.loader import ResumableLoader
 from attnlab.errors import ConfigError, Diverged, MachineError, refused_by_machine
 from attnlab.logger.csv import CSVLogger
 from attnlab.runner.resume import LAST
+from attnlab.shell import override, train_command
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +223,9 @@ def ends_training_or_epoch(trainer: L.Trainer) -> bool:
     return done or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
 
 
-def resume_command(run_dir: Path) -> str:
-    return f"python train.py run_dir={run_dir}"
+def resume_command(run_dir: Path, *settings: str) -> str:
+    """The line that resumes the run in `run_dir`, with `settings` (overrides)."""
+    return train_command(override("run_dir", run_dir), *settings)
 
 
 def best_checkpoint(trainer: L.Trainer) -> ModelCheckpoint | None:

@@ -90,9 +90,11 @@ def refusal(run_dir: Path, held: Holder) -> str:
         stop = f"wait for it to end, or stop it (kill -TERM {held.pid})"
     else:
         stop = f"wait for it to end, or, if that process is gone, delete {run_dir / FILE}"
+    from attnlab.shell import command, override
+
     return (
         f"{run_dir} is being written by the run of {held.describe()}: {stop}, then resume "
-        f"with run_dir={run_dir}"
+        f"with {command(override('run_dir', run_dir))}"
     )
 
 

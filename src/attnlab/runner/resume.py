@@ -28,7 +28,9 @@ from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
+from omegaconf import OmegaConf
 
+from attnlab import shell
 from attnlab.config.build import declared, flatten
 from attnlab.config.groups import ARCHITECTURE, DESCRIPTIVE, GROUPS, NOT_WEIGHTS, OUTPUT
 from attnlab.errors import ConfigError  # fmt: skip
@@ -124,8 +126,19 @@ def allowed_overrides(stored: list[str], source: str) -> list[str]:
 
 
 def argument(args: list[str], key: str) -> str | None:
-    values = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"{key}=")]
-    return values[-1] if values else None
+    """The value the last `key=...` of `args` gives, as Hydra reads it (`run_dir='a b'` is
+    `a b`, `ckpt_path=null` None); a value that is no string (a sweep) as it was typed."""
+    given = [arg for arg in args if arg.startswith(f"{key}=")]
+    if not given:
+        return None
+    try:
+        read = shell.value(given[-1])
+    except Exception as error:
+        raise ConfigError(
+            f"{given[-1]} does not parse as an override ({str(error).splitlines()[0]}): quote "
+            f"its value for Hydra, {key}='...'"
+        ) from None
+    return read if read is None or isinstance(read, str) else given[-1].split("=", 1)[1]
 
 
 def run_directory(checkpoint: Path) -> Path | None:
@@ -258,12 +271,9 @@ def training_arguments(args: list[str]) -> list[str] | None:
     if run_dir is not None:
         checkpoint = Path(run_dir) / "checkpoints" / LAST
         if not checkpoint.is_file():
-            raise ConfigError(
-                f"run_dir={run_dir} has no checkpoints/{LAST} to resume from: pass the directory "
-                "of a run that train.py wrote (logs/<task>/runs/<time>), or of a -m sweep "
-                "(logs/<task>/multiruns/<time>)"
-            )
-        args = [a for a in args if not a.startswith("run_dir=")] + [f"ckpt_path={checkpoint}"]
+            raise no_checkpoint(Path(run_dir))
+        args = [a for a in args if not a.startswith("run_dir=")]
+        args.append(shell.override("ckpt_path", checkpoint))
     if any(a.startswith("-") for a in args) and argument(args, "ckpt_path") not in (None, "null"):
         raise ConfigError(
             "ckpt_path= resumes one run, so it takes no flags (-m, --cfg, ...): run each "
@@ -283,7 +293,33 @@ def training_arguments(args: list[str]) -> list[str] | None:
     check_data_present(stored, args, "train.py")
     resumed = [*for_callbacks_chosen(stored, args), *args]
     directory = run_directory(Path(argument(args, "ckpt_path")))
-    return resumed + ([f"hydra.run.dir={directory}"] if directory else [])
+    return resumed + ([shell.override("hydra.run.dir", directory)] if directory else [])
+
+
+def no_checkpoint(run_dir: Path) -> ConfigError:
+    """What to do with `run_dir=` of a directory without last.ckpt: a run stopped before its
+    first save (its status and overrides written, no state) is started again, in a new
+    directory, by its own command line; anything else is not a run to resume."""
+    from attnlab.runner import status
+
+    recorded = status.read(run_dir)
+    ran = run_dir / ".hydra" / "overrides.yaml"
+    try:
+        overrides = OmegaConf.to_container(OmegaConf.load(ran)) if ran.is_file() else None
+    except Exception:
+        overrides = None  # unreadable: not a record to start it again from
+    if recorded is None or recorded.state == "completed" or not isinstance(overrides, list):
+        return ConfigError(
+            f"run_dir={run_dir} has no checkpoints/{LAST} to resume from: pass the directory "
+            "of a run that train.py wrote (logs/<task>/runs/<time>), or of a -m sweep "
+            "(logs/<task>/multiruns/<time>)"
+        )
+    again = [str(text) for text in overrides if not str(text).startswith("hydra.run.dir=")]
+    return ConfigError(
+        f"{run_dir} has no checkpoints/{LAST} yet: its run was stopped before its first save, "
+        f"so there is nothing to resume; start it again, in a new directory, with: "
+        f"{shell.train_command(*again)}"
+    )
 
 
 def evaluation_options(config: dict[str, Any]) -> dict[str, Any]:

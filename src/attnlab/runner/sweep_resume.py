@@ -21,7 +21,6 @@ does: the comparison of every job, and a non-zero exit if any did not complete.
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -35,7 +34,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import ConfigError
 from attnlab.runner import status
-from attnlab.runner.checkpoints import LAST
+from attnlab.runner.checkpoints import LAST, resume_command
+from attnlab.shell import override, train_command
 
 RECORD = "multirun.yaml"  # Hydra writes it into every sweep directory
 BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -119,14 +119,13 @@ def job_command(
     located = absolute_locations(allowed, launched_from) if launched_from else allowed
     if not job_dir.exists():
         if left_out := [text for text in overrides if text not in allowed and text not in extra]:
-            typed = " ".join(shlex.quote(text) for text in overrides)
+            typed = train_command(*overrides, override("hydra.run.dir", job_dir))
             raise ConfigError(
                 f"job {number} of {sweep} has overrides that are not applied again from a file "
                 f"({' '.join(left_out)}), so it would run another configuration: pass them after "
-                f"run_dir=, or run the job yourself (python train.py {typed} "
-                f"hydra.run.dir={job_dir}), then resume again"
+                f"run_dir=, or run the job yourself ({typed}), then resume again"
             )
-        return [*train, *located, *extra, f"hydra.run.dir={job_dir}"]
+        return [*train, *located, *extra, override("hydra.run.dir", job_dir)]
     ran_file = job_dir / ".hydra" / "overrides.yaml"
     try:
         ran = OmegaConf.to_container(OmegaConf.load(ran_file)) if ran_file.is_file() else None
@@ -143,7 +142,7 @@ def job_command(
         return []  # a finished run keeps last.ckpt to be trained further, not by a resume
     if not (job_dir / "checkpoints" / LAST).is_file():
         return []
-    return [*train, f"run_dir={job_dir}", *extra]
+    return [*train, override("run_dir", job_dir), *extra]
 
 
 def finish_sweep(sweep: Path, extra: list[str]) -> int:
@@ -191,7 +190,7 @@ def finish_sweep(sweep: Path, extra: list[str]) -> int:
     print(f"attnlab: {sweep}: {len(pending)} of {len(jobs)} jobs to run or resume", flush=True)
     stopped = run_all(pending, parallel_jobs(sweep))
     if stopped is not None:
-        print(f"attnlab: stopped; finish the sweep with train.py run_dir={sweep}", file=sys.stderr)
+        print(f"attnlab: stopped; finish the sweep with: {resume_command(sweep)}", file=sys.stderr)
         return 128 + stopped
     return 1 if report_sweep(sweep) < len(jobs) else 0
 

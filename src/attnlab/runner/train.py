@@ -203,23 +203,23 @@ def resumable(cfg: DictConfig) -> str | None:
     takes no `paths.*` from the checkpoint, so a cache directory of the run's own is named."""
     from attnlab.runner.checkpoints import resume_command
     from attnlab.runner.resume import LAST
+    from attnlab.shell import override
 
     run_dir = Path(cfg.paths.output_dir).resolve()
     if not (run_dir / "checkpoints" / LAST).is_file():
         return None
     data_dir = Path(cfg.paths.data_dir).resolve()
     own_cache = data_dir != (Path(cfg.paths.root_dir) / "data").resolve()
-    return resume_command(run_dir) + (f" paths.data_dir={data_dir}" if own_cache else "")
+    return resume_command(run_dir, *([override("paths.data_dir", data_dir)] if own_cache else []))
 
 
 def interrupted(cfg: DictConfig) -> str:
+    from attnlab.runner.checkpoints import resume_command
     from attnlab.runner.job import is_sweep_job
 
     run_dir = Path(cfg.paths.output_dir).resolve()
     if is_sweep_job(run_dir):  # the sweep goes on from where it stopped, this job included
-        return (
-            f"attnlab: interrupted; finish the sweep with: python train.py run_dir={run_dir.parent}"
-        )
+        return f"attnlab: interrupted; finish the sweep with: {resume_command(run_dir.parent)}"
     command = resumable(cfg)
     if command is None:
         return "attnlab: interrupted before its first checkpoint; there is nothing to resume"
@@ -291,9 +291,11 @@ def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
 
 
 def holds_a_run(run_dir: Path | str) -> ConfigError:
+    from attnlab.shell import command, override
+
     return ConfigError(
-        f"{run_dir} already holds a run: resume it with run_dir={run_dir}, or start this one "
-        "in a new directory (leave hydra.run.dir to its default)"
+        f"{run_dir} already holds a run: resume it with {command(override('run_dir', run_dir))}, "
+        "or start this one in a new directory (leave hydra.run.dir to its default)"
     )
 
 

@@ -55,18 +55,19 @@ def refused_by_machine(error: BaseException, path: Path | None = None) -> Machin
     return MachineError(f"could not write {target} ({seen.strerror}{room}): {REFUSED[seen.errno]}")
 
 
-def unwritable(directory: Path, reason: str) -> str:
-    return (
-        f"cannot write in {directory} ({reason}): make it writable, or pass "
-        "paths.log_dir=<a writable directory>"
-    )
+ELSEWHERE = "make it writable, or pass paths.log_dir=<a writable directory>"
 
 
-def check_writable(directory: Path) -> None:
-    """Make `directory` (a run's, named on the command line) or say why it cannot be made."""
+def unwritable(directory: Path, reason: str, fix: str = ELSEWHERE) -> str:
+    return f"cannot write in {directory} ({reason}): {fix}"
+
+
+def check_writable(directory: Path, fix: str = ELSEWHERE) -> None:
+    """Make `directory` (a run's, named on the command line) or say why it cannot be made,
+    and `fix`, what to do."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ConfigError(unwritable(directory, error.strerror)) from None
+        raise ConfigError(unwritable(directory, error.strerror, fix)) from None
     if not os.access(directory, os.W_OK):
-        raise ConfigError(unwritable(directory, "permission denied"))
+        raise ConfigError(unwritable(directory, "permission denied", fix))

@@ -58,6 +58,12 @@ RESUMED_CALLBACK_OPTIONS = {
 # the callbacks a stored override may turn off: how a run stops, never what it saves
 RESUMED_CALLBACKS_OFF = ("early_stopping",)
 NUMERIC = (int, float, bool, type(None))
+# what a resume takes from the run's saved state, whatever the command line says: AdamW's
+# settings (its parameter groups, and the scheduler's base rate) and early stopping's patience
+RESTORED = (
+    *(f"task.optim.{name}" for name in ("lr", "weight_decay", "betas", "eps")),
+    "callbacks.early_stopping.patience",
+)
 
 
 def _primitive(value: Any) -> bool:
@@ -294,6 +300,25 @@ def training_arguments(args: list[str]) -> list[str] | None:
     resumed = [*for_callbacks_chosen(stored, args), *args]
     directory = run_directory(Path(argument(args, "ckpt_path")))
     return resumed + ([shell.override("hydra.run.dir", directory)] if directory else [])
+
+
+def check_restored(resumed: list[str]) -> None:
+    """Refuse a resume whose settings differ from the run's where its saved state decides
+    (RESTORED): the optimizer and early stopping go on as saved, and the run's record would
+    name a value it never trained with."""
+    from attnlab.runner.job import compose_run
+
+    stored = flatten(read_checkpoint(argument(resumed, "ckpt_path"))[RECORD_KEY]["config"])
+    composed = compose_run("train", resumed)
+    for key in RESTORED:
+        chosen = OmegaConf.select(composed, key, default=None)
+        chosen = OmegaConf.to_object(chosen) if OmegaConf.is_config(chosen) else chosen
+        if key in stored and chosen is not None and chosen != stored[key]:
+            raise ConfigError(
+                f"a resume goes on with the optimizer and early stopping the run saved, which "
+                f"keep {key}={stored[key]} (not {chosen}): drop that setting, or start a new run "
+                f"with it; a resume cannot change {', '.join(RESTORED)}"
+            )
 
 
 def no_checkpoint(run_dir: Path) -> ConfigError:

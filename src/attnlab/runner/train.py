@@ -26,7 +26,14 @@ from omegaconf import DictConfig
 
 from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
-from attnlab.errors import ConfigError, Diverged, MachineError, check_writable, refused_by_machine
+from attnlab.errors import (
+    ELSEWHERE,
+    ConfigError,
+    Diverged,
+    MachineError,
+    check_writable,
+    refused_by_machine,
+)
 
 if TYPE_CHECKING:
     import lightning as L
@@ -287,7 +294,19 @@ def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
     )
     if not continues and status.holds_run(run_dir):
         raise holds_a_run(run_dir)
-    check_writable(run_dir)
+    check_writable(run_dir, resumed_elsewhere(run_dir) if continues else ELSEWHERE)
+
+
+def resumed_elsewhere(run_dir: Path) -> str:
+    """What to do with a run that a resume cannot write in: paths.log_dir does not move a
+    resumed run, a copy of it resumes in its own directory."""
+    from attnlab.shell import command
+
+    return (
+        f"a resume writes in its run's directory, so make it writable, or copy the run to a "
+        f"writable place and resume the copy ({command('cp', '-a', run_dir)} <copy>, then "
+        f"{command('python', 'train.py')} run_dir=<copy>)"
+    )
 
 
 def holds_a_run(run_dir: Path | str) -> ConfigError:
@@ -334,7 +353,7 @@ def main() -> None:
     (`attnlab.runner.sweep_resume`); any other run is Hydra's app on the command line."""
     from attnlab.runner.job import run_composed
     from attnlab.runner.preflight import check_setting_keys
-    from attnlab.runner.resume import argument, training_arguments
+    from attnlab.runner.resume import argument, check_restored, training_arguments
     from attnlab.runner.sweep_resume import finish_sweep, is_sweep
     from attnlab.tensors import flush_denormals
 
@@ -352,6 +371,7 @@ def main() -> None:
         else:
             from_run = [arg for arg in resumed if arg not in args]
             resumed = check_setting_keys(resumed, "train", stored=from_run)
+            check_restored(resumed)
         if first_process():  # the others run in rank 0's directory
             check_directories(args if resumed is None else resumed)
         check_launcher(args)

@@ -5,6 +5,7 @@ says what to do, its last good checkpoint intact and its resume command printed.
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +13,8 @@ import time
 import pytest
 import torch
 from helpers import ROOT
+
+from attnlab.runner import status
 
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
 
@@ -140,3 +143,35 @@ def test_the_resume_command_names_a_cache_of_the_runs_own(data_dir, make_config,
     (tmp_path / "checkpoints" / "last.ckpt").touch()
     suffix = "" if data_dir is None else f" paths.data_dir={tmp_path / data_dir}"
     assert resumable(cfg) == f"python train.py run_dir={tmp_path.resolve()}{suffix}"
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """`tmp_path / "run"` seen read-only at `tmp_path / "read_only"` (a read-only bind mount:
+    root writes through permissions)."""
+    source, view = tmp_path / "run", tmp_path / "read_only"
+    source.mkdir()
+    view.mkdir()
+    if subprocess.run(["mount", "--bind", str(source), str(view)]).returncode != 0:
+        pytest.skip("a read-only bind mount needs root and mount rights")
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(view)], check=True)
+    yield source, view
+    subprocess.run(["umount", str(view)], check=True)
+
+
+@pytest.mark.slow
+def test_a_read_only_run_is_told_to_resume_a_copy_and_the_copy_resumes(read_only, tmp_path):
+    from test_resume import CHECKPOINTED, interrupt, pasted
+
+    source, view = read_only
+    interrupt(source, signal.SIGINT, [*CHECKPOINTED, "task.data.train_size=1280"])
+    refused = one_sentence(train_py(f"run_dir={view}"))
+    assert refused == (
+        f"attnlab: cannot write in {view} (permission denied): a resume writes in its run's "
+        "directory, so make it writable, or copy the run to a writable place and resume the "
+        f"copy (cp -a {view} <copy>, then python train.py run_dir=<copy>)"
+    )
+    copy = tmp_path / "copy"
+    followed = pasted(f"cp -a {view} {copy} && python train.py run_dir={copy}", ROOT)
+    assert followed.returncode == 0, followed.stderr[-2000:]
+    assert status.read(copy).state == "completed"

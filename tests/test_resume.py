@@ -44,8 +44,10 @@ def interrupt(
     run_dir: Path, sig: signal.Signals, args: list[str] = RUN
 ) -> subprocess.CompletedProcess:
     """Start a run and send it `sig` once it has taken its first checkpoint (step 10)."""
+    from attnlab.shell import override
+
     process = subprocess.Popen(
-        train_py(*args, f"hydra.run.dir={run_dir}"),
+        train_py(*args, override("hydra.run.dir", run_dir)),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 240
@@ -400,3 +402,89 @@ def test_a_sigterm_while_a_run_sets_up_ends_it_interrupted_with_its_lock_freed(
     assert status.read(tmp_path).state == "interrupted"
     assert not list(tmp_path.glob("*.lock")), "the lock is freed"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the handler is put back"
+
+
+NASTY = "a b'c\"d;$(touch PWNED)"  # a space, both quotes, a command substitution
+
+
+@pytest.mark.parametrize(
+    "name", [NASTY, "x${oc.env:HOME}", "back\\", "q\\'", "null", "a,b", "(x)", " lead", ""]
+)
+def test_a_value_quoted_for_hydra_reads_back_as_itself(name):
+    from attnlab.shell import override, value
+
+    assert value(override("run_dir", name)) == name
+
+
+def pasted(line: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`line` pasted into bash in `cwd`, `python` being this interpreter."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return subprocess.run(
+        ["bash", "-c", line], cwd=cwd, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PATH": path},
+    )  # fmt: skip
+
+
+def last_line(result: subprocess.CompletedProcess) -> str:
+    return result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_the_printed_resume_line_resumes_a_run_named_to_inject_and_runs_nothing_else(tmp_path):
+    run_dir = tmp_path / NASTY
+    result = interrupt(run_dir, signal.SIGINT)
+    prefix = "attnlab: interrupted; resume with: "
+    assert last_line(result).startswith(prefix), result.stderr[-2000:]
+    resumed = pasted(last_line(result).removeprefix(prefix), ROOT)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not (ROOT / "PWNED").exists() and not (tmp_path / "PWNED").exists()
+    assert status.read(run_dir).state == "completed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [NASTY]
+
+
+@pytest.mark.slow
+def test_a_resume_that_would_change_the_saved_optimizer_is_refused_and_changes_nothing(tmp_path):
+    interrupt(tmp_path, signal.SIGINT)
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    result = subprocess.run(
+        train_py(f"run_dir={tmp_path}", "task.optim.lr=5"),
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert last_line(result) == (
+        "attnlab: a resume goes on with the optimizer and early stopping the run saved, which "
+        "keep task.optim.lr=0.001 (not 5): drop that setting, or start a new run with it; a "
+        "resume cannot change task.optim.lr, task.optim.weight_decay, task.optim.betas, "
+        "task.optim.eps, callbacks.early_stopping.patience"
+    )
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+    run(f"run_dir={tmp_path}", "task.optim.warmup_steps=3")  # the schedule a resume applies
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_save_is_told_the_command_that_starts_it_again(tmp_path):
+    run_dir = tmp_path / "killed"
+    started = [*TINY_EPOCH, "test=false", "extras.print_config=false"]
+    process = subprocess.Popen(
+        train_py(*started, f"hydra.run.dir={run_dir}", f"paths.log_dir={tmp_path / 'logs'}"),
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (run_dir / status.FILE).is_file():
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    process.kill()
+    process.wait(timeout=60)
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+    result = subprocess.run(
+        train_py(f"run_dir={run_dir}"), cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    prefix = (
+        f"attnlab: {run_dir} has no checkpoints/last.ckpt yet: its run was stopped before its "
+        "first save, so there is nothing to resume; start it again, in a new directory, with: "
+    )
+    assert result.returncode == 1 and last_line(result).startswith(prefix), result.stderr
+    again = pasted(last_line(result).removeprefix(prefix), ROOT)
+    assert again.returncode == 0, again.stderr[-2000:]
+    (new,) = (tmp_path / "logs").glob("*/runs/*")
+    assert status.read(new).state == "completed"

@@ -400,3 +400,26 @@ def test_a_sigterm_while_a_run_sets_up_ends_it_interrupted_with_its_lock_freed(
     assert status.read(tmp_path).state == "interrupted"
     assert not list(tmp_path.glob("*.lock")), "the lock is freed"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the handler is put back"
+
+
+@pytest.mark.slow
+def test_a_metrics_step_edited_to_no_count_is_one_sentence_and_the_file_is_kept(tmp_path):
+    run_dir = tmp_path / "run"
+    assert interrupt(run_dir, signal.SIGTERM).returncode == 1
+    metrics = run_dir / "csv" / "metrics.csv"
+    header, first, *rest = metrics.read_text().splitlines(keepends=True)
+    step = header.split(",").index("step")
+    cells = first.split(",")
+    cells[step] = "inf"
+    metrics.write_text("".join([header, ",".join(cells), *rest]))
+    edited = metrics.read_bytes()
+
+    resumed = subprocess.run(
+        train_py(f"run_dir={run_dir}"), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode != 0 and "Traceback" not in resumed.stderr
+    assert resumed.stderr.strip().splitlines()[-1] == (
+        f"attnlab: {metrics} line 2 holds 'inf' for step, which is not a count of steps: "
+        "restore that line (or delete it), then resume"
+    )
+    assert metrics.read_bytes() == edited, "the file is refused before it is rewritten"

@@ -331,6 +331,14 @@ DAMAGED_RUN_FILES = {  # id: (damage, what the sentence says)
         lambda run: damage_metrics(run, 2, "0.6x"),
         r"metrics.csv line 3 holds '0.6x' for val/acc, which is not a number",
     ),
+    "metrics_step_infinite": (
+        lambda run: rewrite_metrics(run, lambda data: data.replace(b",2,0.6", b",inf,0.6")),
+        r"metrics.csv line 3 holds 'inf' for step, which is not a count of steps",
+    ),
+    "metrics_step_a_fraction": (
+        lambda run: rewrite_metrics(run, lambda data: data.replace(b",2,0.6", b",2.5,0.6")),
+        r"metrics.csv line 3 holds '2.5' for step, which is not a count of steps",
+    ),
     "metrics_without_steps": (
         lambda run: rewrite_metrics(run, lambda data: b"a,b\n1,2\n"),
         r"metrics.csv has no step column \(its header is 'a,b'\)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 
 from attnlab.config.build import build, to_dict
 from attnlab.config.options import COMPOSED_ALONE, options, variant
+from attnlab.config.values import check_ranges
 from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 
@@ -26,6 +28,7 @@ GROUPS = [
 def test_every_option_composes_and_every_variant_documents_itself(group, option, tmp_path):
     cfg = compose_config([f"{group}={option}"], tmp_path)
     assert cfg.get(group) is not None or group in ("debug", "experiment", "hparams_search")
+    check_ranges(to_dict(cfg))  # no default is refused as out of its type's range
     if group in ("pe", "norm", "synthesizer", "task"):
         assert cfg[group].name == option, "the YAML's name must be its file name"
     if group in ("pe", "norm", "synthesizer", "block"):
@@ -45,6 +48,45 @@ def test_a_mistyped_option_lists_the_valid_ones():
     assert "Could not find 'pe/ropee'" in result.stderr
     for option in options("pe"):
         assert option in result.stderr
+
+
+OUT_OF_RANGE = {  # override: the sentence (before: numpy's, islice's or no error at all)
+    "seed=-1": "seed=-1 must be an integer from 0 to 4,294,967,295 (numpy's seeds)",
+    "seed=4294967296": "seed=4294967296 must be an integer from 0 to 4,294,967,295",
+    "task.data.batch_size=99999999999999999999": (
+        "task.data.batch_size=99999999999999999999 is beyond the range of a 64-bit integer"
+    ),
+    "task.optim.lr=1e400": "task.optim.lr=inf is not a finite number (YAML reads 1e400 as inf)",
+    "task.optim.betas=[0.9,nan]": "task.optim.betas[1]=nan is not a finite number",
+}
+
+
+@pytest.mark.parametrize(("override", "sentence"), OUT_OF_RANGE.items(), ids=list(OUT_OF_RANGE))
+def test_a_setting_out_of_its_types_range_is_refused_before_anything_is_built(
+    override, sentence, make_config
+):
+    from attnlab.runner.train import train
+
+    with pytest.raises(ConfigError, match=re.escape(sentence)):
+        train(make_config(["model=tiny", override]))
+
+
+def test_eval_refuses_a_setting_out_of_range_before_reading_the_checkpoint(make_config, tmp_path):
+    from attnlab.runner.evaluate import evaluate
+
+    cfg = make_config([f"ckpt_path={tmp_path / 'never.ckpt'}", "task.optim.lr=1e400"], "eval")
+    with pytest.raises(ConfigError, match=re.escape(OUT_OF_RANGE["task.optim.lr=1e400"])):
+        evaluate(cfg)
+
+
+@pytest.mark.slow
+def test_a_setting_out_of_range_is_one_sentence_from_train_py(tmp_path):
+    result = run_cli("task.optim.lr=1e400", f"hydra.run.dir={tmp_path}")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "attnlab: task.optim.lr=inf is not a finite number (YAML reads 1e400 as inf): give one"
+    )
+    assert not (tmp_path / "checkpoints").exists()
 
 
 @pytest.mark.slow

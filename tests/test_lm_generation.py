@@ -21,6 +21,7 @@ from attnlab.config.groups import ARCHITECTURE
 from attnlab.config.options import variant
 from attnlab.decoding.decoder_only import Pick, continue_text, picker
 from attnlab.decoding.encoder_decoder import DecodeConfig
+from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
 from attnlab.stored import RECORD_KEY
@@ -338,10 +339,28 @@ def test_a_continuation_whose_cache_cannot_fit_is_one_sentence_before_decoding(
 
 def test_a_refused_request_prints_no_text_before_its_sentence(checkpoint):
     from attnlab.commands.generate import print_generated
-    from attnlab.errors import ConfigError
 
     out = Writes()
     settings = [f"ckpt_path={checkpoint}", "prompt=First", "max_new_tokens=100000"]
     with pytest.raises(ConfigError, match="positions"):
+        print_generated(settings, out)
+    assert out.getvalue() == ""
+
+
+def test_a_continuation_without_the_cache_whose_last_pass_cannot_fit_is_refused_before_decoding(
+    make_config, tmp_path
+):
+    """Recomputing the prefix at each step, the last step passes over every position: its
+    causal mask alone (10^18 bytes here) is refused, rather than streaming until killed."""
+    from attnlab.commands.generate import print_generated
+
+    path = save_lm_checkpoint(make_config, tmp_path / "rope.ckpt", pe=("pe=rope",))
+    out = Writes()
+    settings = [f"ckpt_path={path}", "prompt=First", "max_new_tokens=1000000000", "cache=false"]
+    with pytest.raises(ConfigError, match=(
+        r"a pass over 1 sequence of 1,000,000,004 tokens \(a 1,000,000,004² causal mask, the "
+        r"logits and hidden states\) needs [\d,.]+ GiB .* ask for fewer new tokens "
+        r"\(max_new_tokens\) or samples, or keep the cache"
+    )):  # fmt: skip
         print_generated(settings, out)
     assert out.getvalue() == ""

@@ -488,3 +488,26 @@ def test_a_run_killed_before_its_first_save_is_told_the_command_that_starts_it_a
     assert again.returncode == 0, again.stderr[-2000:]
     (new,) = (tmp_path / "logs").glob("*/runs/*")
     assert status.read(new).state == "completed"
+
+
+@pytest.mark.slow
+def test_a_metrics_step_edited_to_no_count_is_one_sentence_and_the_file_is_kept(tmp_path):
+    run_dir = tmp_path / "run"
+    assert interrupt(run_dir, signal.SIGTERM).returncode == 1
+    metrics = run_dir / "csv" / "metrics.csv"
+    header, first, *rest = metrics.read_text().splitlines(keepends=True)
+    step = header.split(",").index("step")
+    cells = first.split(",")
+    cells[step] = "inf"
+    metrics.write_text("".join([header, ",".join(cells), *rest]))
+    edited = metrics.read_bytes()
+
+    resumed = subprocess.run(
+        train_py(f"run_dir={run_dir}"), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode != 0 and "Traceback" not in resumed.stderr
+    assert resumed.stderr.strip().splitlines()[-1] == (
+        f"attnlab: {metrics} line 2 holds 'inf' for step, which is not a count of steps: "
+        "restore that line (or delete it), then resume"
+    )
+    assert metrics.read_bytes() == edited, "the file is refused before it is rewritten"

@@ -6,8 +6,12 @@ model read back (an export's or a checkpoint's config)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
+import torch
+from helpers import ROOT
 from test_export import exported  # noqa: F401  (a fixture)
 
 from attnlab.commands.cli import main
@@ -97,3 +101,54 @@ def test_the_probes_estimate_counts_the_sequences_and_positions_it_makes(markers
     assert sequences == len(made)
     trained = sum(len(tokens) for tokens, _ in data.train_set)  # drawn: near its mean
     assert positions - sum(len(tokens) for tokens, _ in made) == pytest.approx(0, abs=trained / 20)
+
+
+def test_a_pass_counts_the_mask_logits_and_hidden_states_the_network_makes(make_config):
+    from attnlab.memory import forward_bytes
+    from attnlab.model.transformer import DecoderLM, attention_mask
+
+    architecture = Architecture.from_config(make_config(["task=lm", "model=tiny"]))
+    net = DecoderLM(architecture.model, architecture.attention, vocab_size=11)
+    batch, length = 3, 40
+    positions = torch.arange(length)
+    mask = attention_mask(positions, positions, None, causal=True)
+    logits = net(torch.zeros(batch, length, dtype=torch.long))
+    hidden = batch * length * architecture.model.d_model * 4  # one layer's input, fp32
+    made = mask.numel() * mask.element_size() + logits.numel() * logits.element_size()
+    assert forward_bytes(net, batch, length, training=False) == made + hidden
+    layers = net.stack.n_layers
+    trained = made + logits.numel() * 4 + layers * hidden  # the logits' gradient, every layer
+    assert forward_bytes(net, batch, length, training=True) == trained
+
+
+@pytest.mark.slow
+def test_windows_too_long_to_train_or_evaluate_are_one_sentence_before_their_first_batch(
+    tmp_path,
+):
+    """Before: the first training step's causal mask (810 GB) was the allocator's traceback,
+    after the sanity check's minutes; a test length of 10^6 tokens the same at the test."""
+    text = tmp_path / "text"
+    text.mkdir()
+    line = "the quick brown fox jumps over the lazy dog\n"
+    for split, size in (("train", 1_000_000), ("valid", 10_000), ("test", 1_100_000)):
+        (text / f"{split}.txt").write_text(line * (size // len(line)), encoding="utf-8")
+    lm = ["task=lm", "model=tiny", "task.data.source=local", f"task.data.dir={text}",
+          "task.data.tokenizer=char", f"paths.data_dir={tmp_path / 'cache'}",
+          "extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]  # fmt: skip
+    runs = {
+        "training": (["task.data.block_size=900000"], "training on 16 sequences of 900,000"),
+        "testing": (
+            ["task.data.block_size=32", "task.data.eval_lengths=[32,1000000]",
+             "trainer.max_steps=2", "task.system.samples=0"],
+            "a pass over 1 sequence of 1,000,000",
+        ),
+    }  # fmt: skip
+    for name, (overrides, sentence) in runs.items():
+        result = subprocess.run(
+            [sys.executable, "train.py", *lm, *overrides, f"hydra.run.dir={tmp_path / name}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        last = result.stderr.strip().splitlines()[-1]
+        assert result.returncode != 0 and "Traceback" not in result.stderr, name
+        assert last.startswith(f"attnlab: {sentence} tokens (a "), last
+        assert "GiB where this machine has" in last, last

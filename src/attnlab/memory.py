@@ -6,8 +6,16 @@ or the allocator's traceback.
 Data sets made in memory say what they will hold the same way (`check_free`).
 
 Bytes per parameter: evaluation holds the fp32 weights (4); training adds their gradients
-and AdamW's two moments (16). Activations come on top and are not estimated: a run refused
-here could never fit; one let through may still need more.
+and AdamW's two moments (16).
+
+A decoder-only model's forward pass over `batch` sequences of `length` tokens (training,
+each evaluation length, generation's prompt, or its whole text where no key/value cache
+is kept) holds at once at least: the boolean causal mask [1, 1, L, L] (one byte a pair,
+`model.transformer.attention_mask`), the logits [B, L, V] (fp32; in training their
+gradient too), and the stack's hidden states [B, L, d] (fp32; in training every layer's,
+kept for the backward pass). What else a pass holds (scores, projections, the feed-forward
+layer) depends on the kernel and is not counted: a run refused here could never fit; one
+let through may still need more.
 """
 
 from __future__ import annotations
@@ -15,12 +23,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
+
+if TYPE_CHECKING:
+    from attnlab.model.transformer import DecoderLM
 
 TRAINING_BYTES = 16  # weights, gradients, AdamW's exp_avg and exp_avg_sq, fp32 each
 EVALUATION_BYTES = 4  # the weights
@@ -105,4 +117,25 @@ def check_fits(
         f"{sizes(architecture)} make {parameters:,} parameters, and {use} them "
         f"({bytes_per_parameter} bytes each)",
         "lower model.d_model, model.d_ff, the layers or the pe's table (pe.max_len)",
+    )
+
+
+def forward_bytes(net: DecoderLM, batch: int, length: int, training: bool) -> int:
+    """What a pass of `net` over [batch, length] tokens certainly holds at once (the module
+    doc): the causal mask, the logits and the hidden states."""
+    vocab, width = net.embed.weight.shape
+    kept = 2 if training else 1  # the logits' gradient
+    layers = net.stack.n_layers if training else 1
+    return length * length + batch * length * 4 * (kept * vocab + layers * width)
+
+
+def check_forward(net: DecoderLM, batch: int, length: int, training: bool, fix: str) -> None:
+    """A ConfigError, saying `fix`, when a pass over `batch` sequences of `length` tokens
+    cannot fit in the memory free."""
+    check_free(
+        forward_bytes(net, batch, length, training),
+        f"{'training on' if training else 'a pass over'} {batch:,} sequence"
+        f"{'' if batch == 1 else 's'} of {length:,} tokens (a {length:,}² causal mask, the "
+        "logits and hidden states)",
+        fix,
     )

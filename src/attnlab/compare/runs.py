@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import get_yaml_loader
 
 from attnlab.errors import ConfigError
+from attnlab.logger.rows import logged_step
 from attnlab.runner import status
 from attnlab.runner.status import RunStatus
 
@@ -122,9 +123,9 @@ def read_logged(path: Path) -> dict[str, Series]:
     try:
         with path.open(newline="", encoding="utf-8") as file:
             for row in csv.DictReader(file):
-                step = row.get("step")
-                if not step:
-                    continue
+                step = logged_step(row.get("step") or "")
+                if step is None:
+                    continue  # a row cut short, or an edited step (`damage` names it)
                 for key, value in row.items():
                     if key in ("step", "epoch") or not key or not value:
                         continue
@@ -132,7 +133,7 @@ def read_logged(path: Path) -> dict[str, Series]:
                         number = float(value)
                     except ValueError:
                         continue
-                    logged.setdefault(key, []).append((int(float(step)), number))
+                    logged.setdefault(key, []).append((step, number))
     except (FileNotFoundError, csv.Error, UnicodeDecodeError):
         pass  # no metrics, or what could be read of them (`damage` names what is wrong)
     return logged
@@ -161,6 +162,10 @@ def damage(run_dir: Path) -> str:
         if len(row) != len(header):
             return f"{path} line {number} has {len(row)} fields where its header has {len(header)}"
         for key, value in zip(header, row, strict=True):
+            if key == "step" and value and logged_step(value) is None:
+                return (
+                    f"{path} line {number} holds {value!r} for step, which is not a count of steps"
+                )
             if value and not is_number_text(value):
                 return f"{path} line {number} holds {value!r} for {key}, which is not a number"
     return ""

@@ -5,7 +5,8 @@ Each step feeds only the newest token and reuses the keys and values of the earl
 checks it). Tokens are picked greedily or drawn by attnlab.decoding.encoder_decoder's Sampler (top-k,
 nucleus, temperature) with a generator of its own, so a seed gives the same text again.
 One sample streams its text as it is drawn (`streamed`); before decoding starts, the key/value
-cache the request will need is checked against the memory free.
+cache the request will need, or without it the pass over every position, is checked against
+the memory free.
 What `attnlab generate` (attnlab.commands.generate) and the language model's validation
 samples run.
 """
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from attnlab.decoding.encoder_decoder import DecodeConfig, Sampler
 from attnlab.errors import ConfigError
-from attnlab.memory import check_free
+from attnlab.memory import check_forward, check_free
 from attnlab.model.transformer import DecoderLM
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 LM_STRATEGIES = ("greedy", "top_k", "nucleus")
 DEFAULT_NEW_TOKENS = 200
+FEWER = "ask for fewer new tokens (max_new_tokens) or samples"
 CONTEXT = 16  # tokens before a streamed token that its text is decoded after
 Pick = Callable[[Tensor], Tensor]  # log-probabilities [N, V] -> next tokens [N]
 
@@ -80,7 +82,7 @@ def check_cache(net: DecoderLM, samples: int, positions: int) -> None:
         2 * layers * samples * positions * width * 4,
         f"continuing {counted(samples, 'sample')} to {positions:,} positions keeps a key/value "
         "cache that",
-        "ask for fewer new tokens (max_new_tokens) or samples",
+        FEWER,
     )
 
 
@@ -93,8 +95,11 @@ def drawn_tokens(
         raise ConfigError("the prompt is empty: give at least one token of text to continue")
     check_room(net, prompt.shape[1], max_new_tokens)
     positions = prompt.shape[1] + max_new_tokens - 1
-    if cache:
+    if cache:  # a pass over the prompt, then one token a step
+        check_forward(net, prompt.shape[0], prompt.shape[1], False, "give a shorter prompt")
         check_cache(net, prompt.shape[0], positions)
+    else:  # the last step passes over every position
+        check_forward(net, prompt.shape[0], positions, False, f"{FEWER}, or keep the cache")
     return steps(net, prompt, max_new_tokens, pick, net.new_cache(positions) if cache else None)
 
 

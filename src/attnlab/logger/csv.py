@@ -18,6 +18,8 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
+from attnlab.errors import ConfigError
+from attnlab.logger.rows import logged_step
 from attnlab.logger.storage import writable_directory
 
 
@@ -28,8 +30,21 @@ def done_by(row: dict[str, str], step: int) -> bool:
     training metrics with the count before its step (the loss of the first batch at step 0),
     and a validation run after a batch's step, in the training loop (at an epoch's end, at
     val_check_interval, at the last step), with the count before that step too (a validation
-    after 16 steps at step 15). Test rows are the test's to drop (`drop_tests`)."""
-    return int(float(row["step"])) < step
+    after 16 steps at step 15). Test rows are the test's to drop (`drop_tests`). A last row
+    cut short by a kill (no step) is work after any checkpoint."""
+    logged = logged_step(row.get("step") or "")
+    return logged is not None and logged < step
+
+
+def check_steps(path: str, rows: list[dict[str, str]]) -> None:
+    """A ConfigError naming the first of `rows` (a metrics file's, from its second line) whose
+    step is no count of steps: an edited file, refused before it is rewritten."""
+    for number, row in enumerate(rows, 2):
+        if logged_step(row.get("step") or "") is None:
+            raise ConfigError(
+                f"{path} line {number} holds {row.get('step')!r} for step, which is not a "
+                "count of steps: restore that line (or delete it), then resume"
+            )
 
 
 class AppendingWriter(ExperimentWriter):
@@ -46,6 +61,7 @@ class AppendingWriter(ExperimentWriter):
             return
         with open(self.metrics_file_path, newline="") as file:
             rows = list(csv.DictReader(file))
+        check_steps(self.metrics_file_path, rows[:-1])  # the last may be cut short
         with open(self.metrics_file_path, "w", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
             writer.writeheader()

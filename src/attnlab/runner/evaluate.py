@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from attnlab.config.build import own_class, to_dict
 from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
+from attnlab.config.values import check_ranges
 from attnlab.errors import ConfigError, check_writable
 from attnlab.runner.job import run_composed
 from attnlab.runner.preflight import check_setting_keys
@@ -49,6 +50,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if cfg.extras.print_config:
         run.print_config(cfg)
     config = to_dict(cfg)  # the config as data, once
+    check_ranges(config)
     datamodule = run.build_datamodule(config)
     checkpoint = read_checkpoint(config["ckpt_path"])
     changeable = evaluation_options(config)

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config.build import MACHINERY, build, check_complete, own_class, to_dict
 from attnlab.config.groups import ARCHITECTURE, DESCRIPTIVE, OUTPUT, REPORTING
+from attnlab.config.values import check_ranges
 from attnlab.data.task import TaskData
 from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.errors import ConfigError  # fmt: skip
@@ -84,6 +85,7 @@ class Plan:
     @classmethod
     def from_config(cls, cfg: DictConfig | dict[str, Any]) -> Plan:
         config = to_dict(cfg)
+        check_ranges(config)
         system = dict(config["task"]["system"])
         system_class = own_class(system.pop("_target_"))
         decode = DecodeConfig.from_config(config["decode"])  # checked whoever decodes

@@ -310,6 +310,10 @@ class EvalWindows(Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
+    def shapes(self) -> set[tuple[int, int]]:
+        """The (windows, tokens read) of each batch: what a pass over it allocates."""
+        return {(len(b), int(self.rows[b[0], 1] - self.rows[b[0], 0])) for b in self.batches}
+
     def __getitem__(self, positions: list[int]) -> WindowBatch:
         rows = self.rows[positions]
         ids = self.stream.ids

@@ -30,12 +30,14 @@ import torch.nn.functional as F
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
+from torch.utils.data import DataLoader
 
 from attnlab.config.values import require_counts
 from attnlab.data.task import NON_OVERLAPPING, WINDOWS, TaskData, WindowBatch, Windows
 from attnlab.decoding.decoder_only import continuations
 from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.errors import ConfigError
+from attnlab.memory import check_forward
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM
@@ -242,6 +244,29 @@ class LMSystem(System):
         by_position, by_length = lm_length_figures(curves, ppl, bound)
         save(by_position, directory / f"{stage}_loss_by_position.png")
         save(by_length, directory / f"{stage}_ppl_by_length.png")
+
+    # memory: each pass checked before its first batch (attnlab.memory)
+
+    def on_fit_start(self) -> None:
+        data = self.trainer.datamodule
+        check_forward(
+            self.net, data.batch_size, data.block_size, True,
+            "lower task.data.block_size or task.data.batch_size",
+        )  # fmt: skip
+
+    def on_validation_start(self) -> None:
+        self._check_passes(self.trainer.val_dataloaders)
+
+    def on_test_start(self) -> None:
+        self._check_passes(self.trainer.test_dataloaders)
+
+    def _check_passes(self, loader: DataLoader) -> None:
+        """Refuse an evaluation whose largest batch of windows cannot fit in memory."""
+        for batch, length in loader.dataset.shapes():
+            check_forward(
+                self.net, batch, length, False,
+                "lower task.data.eval_lengths, or task.data.eval_batch_tokens",
+            )  # fmt: skip
 
     def on_validation_epoch_end(self) -> None:
         self._finish("val")

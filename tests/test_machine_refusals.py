@@ -4,15 +4,19 @@ says what to do, its last good checkpoint intact and its resume command printed.
 
 from __future__ import annotations
 
+import contextlib
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import ROOT
+from PIL import Image
 
 from attnlab.runner import status
 
@@ -175,3 +179,46 @@ def test_a_read_only_run_is_told_to_resume_a_copy_and_the_copy_resumes(read_only
     followed = pasted(f"cp -a {view} {copy} && python train.py run_dir={copy}", ROOT)
     assert followed.returncode == 0, followed.stderr[-2000:]
     assert status.read(copy).state == "completed"
+
+
+def fill(disk: Path, leave: int = 0) -> Path:
+    """Fill `disk` with one file until only `leave` bytes are free; the file, to free it."""
+    filler = disk / "filler"
+    with filler.open("wb") as file, contextlib.suppress(OSError):  # the disk is full
+        while (room := shutil.disk_usage(disk).free - leave) > 0:
+            file.write(b"\0" * min(room, 65536))
+            file.flush()
+    return filler
+
+
+def test_a_comparison_onto_a_full_disk_is_one_sentence_and_leaves_no_half_file(small_disk):
+    from test_compare import ROWS, fake_run
+
+    runs = small_disk.parent / "runs"
+    for seed in (1, 2):
+        fake_run(runs / f"r{seed}", [f"seed={seed}"], ROWS)
+    out = small_disk / "comparison"
+    filler = fill(small_disk, leave=16 * 1024)  # room for a figure or two, not for all
+    command = [
+        sys.executable,
+        "-m",
+        "attnlab.commands.cli",
+        "compare",
+        str(runs),
+        "--out",
+        str(out),
+    ]
+    sentence = one_sentence(subprocess.run(command, capture_output=True, text=True, timeout=300))
+    assert re.fullmatch(
+        rf"attnlab: could not write {out}/\S+ \(No space left on device, [\d.]+ MiB free "
+        r"there\): free space there",
+        sentence,
+    ), sentence
+    assert not list(out.glob(".*partial*")), "no half-written file left"
+    for figure in out.glob("*.png"):
+        Image.open(figure).load()  # each left is whole
+
+    filler.unlink()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (out / "comparison.md").read_text().startswith("# Comparison of 2 runs")

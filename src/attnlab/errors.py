@@ -38,7 +38,7 @@ REFUSED = {
 def refused_by_machine(error: BaseException, path: Path | None = None) -> MachineError | None:
     """The one-sentence MachineError for an error that a file system's refusal (disk full,
     read-only, no permission) caused, directly or underneath (torch.save reports a full disk
-    as a RuntimeError whose context is the OSError), writing `path` (or the error's file);
+    as a RuntimeError whose context is the OSError), writing `path` (else the error's file);
     None for any other error."""
     seen: BaseException | None = error
     while seen is not None and not (isinstance(seen, OSError) and seen.errno in REFUSED):
@@ -47,7 +47,7 @@ def refused_by_machine(error: BaseException, path: Path | None = None) -> Machin
         seen = seen.__cause__ or seen.__context__
     if seen is None:
         return None
-    target = Path(seen.filename) if seen.filename else path
+    target = path if path is not None else Path(seen.filename) if seen.filename else None
     if target is None:
         return MachineError(f"the machine refused a write ({seen.strerror}): {REFUSED[seen.errno]}")
     free = shutil.disk_usage(target.parent).free / 2**20 if target.parent.is_dir() else None

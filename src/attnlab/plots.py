@@ -12,6 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 from PIL import Image, PngImagePlugin
 
+from attnlab.files import written
+
 LABELLED = 16  # an example this long or shorter gets its positions on the axes
 CELL = 1.7  # inches per heat-map panel
 PANELS_PER_ROW = 4  # of a figure of bands: seven tasks side by side were too wide to read
@@ -23,8 +25,10 @@ Band = tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]]
 
 
 def save(figure: Figure, path: Path) -> Path:
+    """`figure` as the PNG `path`, whole or not at all (attnlab.files)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=90, bbox_inches="tight")
+    with written(path) as partial:
+        figure.savefig(partial, dpi=90, bbox_inches="tight", format="png")
     return path
 
 
@@ -34,7 +38,8 @@ def stamp(path: Path, source: str) -> None:
         image.load()
     info = PngImagePlugin.PngInfo()
     info.add_text(SOURCE, source)
-    image.save(path, pnginfo=info)
+    with written(path) as partial:
+        image.save(partial, format="png", pnginfo=info)
 
 
 def stamped(path: Path) -> str | None:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, refused_by_machine
 
 
 def settings_command(
@@ -195,6 +195,10 @@ def main(argv: list[str] | None = None) -> None:
             update_results(args.file, args.check)
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
+    except Exception as error:  # a full disk, a read-only place: what to do, in one sentence
+        if (refusal := refused_by_machine(error)) is None:
+            raise
+        raise SystemExit(f"attnlab: {refusal}") from None
 
 
 def print_pruned(directory: Path) -> None:

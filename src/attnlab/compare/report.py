@@ -44,6 +44,7 @@ from attnlab.compare.seeds import (
 )
 from attnlab.compare.table import Row, format_cell, markdown_table
 from attnlab.errors import ConfigError
+from attnlab.files import write_text, written
 from attnlab.plots import curves_figure, heatmap_figure, save
 from attnlab.tasks.lm.report import plot_loss_by_position, plot_ppl_by_length
 from attnlab.tasks.synthetic.report import plot_accuracy_by_length, plot_longest_bucket
@@ -155,7 +156,7 @@ def sort_key(run: Run, cells: Row) -> tuple[int, float]:
 
 def write_csv(rows: list[Row], path: Path) -> None:
     columns = list(dict.fromkeys(key for cells in rows for key in cells))
-    with path.open("w", newline="") as file:
+    with written(path) as partial, partial.open("w", newline="") as file:
         writer = csv.DictWriter(file, columns)
         writer.writeheader()
         writer.writerows(rows)
@@ -297,7 +298,7 @@ def compare(directory: Path, out: Path | None = None) -> Comparison:
     by_configuration = configs if SEED in keys else []
     comparison = Comparison(directory, runs, rows, plots, by_configuration, never_trained)
     write_csv(rows, out / "comparison.csv")
-    (out / "comparison.md").write_text(document(comparison))
+    write_text(out / "comparison.md", document(comparison))
     return comparison
 
 

@@ -49,7 +49,8 @@ from lightning.pytorch.loops.progress import (
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from attnlab.data.loader import ResumableLoader
-from attnlab.errors import ConfigError, Diverged, MachineError, refused_by_machine
+from attnlab.errors import ConfigError, Diverged, MachineError
+from attnlab.files import durable_replace, written
 from attnlab.logger.csv import CSVLogger
 from attnlab.runner.resume import LAST
 from attnlab.shell import override, train_command
@@ -59,36 +60,16 @@ log = logging.getLogger(__name__)
 RESUME_KEY = "attnlab_resume"  # checkpoint entry: random states and position in the epoch
 
 
-def durable_replace(source: Path, target: Path) -> None:
-    """Rename `source` over `target`, the rename itself synced (it survives a crash)."""
-    os.replace(source, target)
-    directory = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-        try:
-            with partial.open("wb") as file:
-                torch.save(checkpoint, file)
-                file.flush()
-                os.fsync(file.fileno())
-            durable_replace(partial, path)
-        except (OSError, RuntimeError) as error:
-            refusal = refused_by_machine(error, path)
-            if refusal is None:
-                raise
-            raise refusal from None  # the previous checkpoint at `path` is whole
-        finally:
-            partial.unlink(missing_ok=True)
+        with written(path, durable=True) as partial, partial.open("wb") as file:
+            torch.save(checkpoint, file)  # a refusal keeps the previous checkpoint whole
+            file.flush()
+            os.fsync(file.fileno())
         for stale in path.parent.glob(f".{path.name}.partial-*"):
             stale.unlink(missing_ok=True)  # a save killed halfway by an earlier process
 

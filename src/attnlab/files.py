@@ -1,0 +1,52 @@
+"""Files written whole or not at all: a checkpoint, a report, a figure is written to a hidden
+sibling (`.<name>.partial-<pid>`) and renamed onto its name only once complete, so that a
+full disk or a kill leaves the earlier file (or none), never half of one; a file system's
+refusal is one sentence naming the file (attnlab.errors.refused_by_machine)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from attnlab.errors import refused_by_machine
+
+
+def durable_replace(source: Path, target: Path) -> None:
+    """Rename `source` over `target`, the rename itself synced (it survives a crash)."""
+    os.replace(source, target)
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def partial_of(path: Path) -> Path:
+    """Where this process writes `path` before it is whole."""
+    return path.with_name(f".{path.name}.partial-{os.getpid()}")
+
+
+@contextmanager
+def written(path: Path, durable: bool = False) -> Iterator[Path]:
+    """The sibling of `path` to write in the block: renamed onto `path` when the block ends
+    (`durable`: the rename synced), removed when it fails; a full disk or a read-only place
+    is a MachineError naming `path`."""
+    partial = partial_of(path)
+    try:
+        yield partial
+        (durable_replace if durable else os.replace)(partial, path)
+    except Exception as error:
+        refusal = refused_by_machine(error, path)
+        if refusal is None:
+            raise
+        raise refusal from None
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    """`path` holding `text` (UTF-8), whole or not at all."""
+    with written(path) as partial:
+        partial.write_text(text, encoding="utf-8")

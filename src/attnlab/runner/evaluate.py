@@ -25,6 +25,7 @@ from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
 from attnlab.errors import ConfigError, check_writable
 from attnlab.runner.job import run_composed
+from attnlab.runner.lock import check_contained
 from attnlab.runner.preflight import check_setting_keys
 from attnlab.runner.resume import (
     argument,
@@ -98,6 +99,7 @@ def main() -> None:
         from_run = [arg for arg in arguments if arg not in args]
         arguments = check_setting_keys(arguments, "eval", stored=from_run)
         if (run_dir := argument(args, "hydra.run.dir")) is not None:
+            check_contained(Path(run_dir))
             check_writable(Path(run_dir))
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None

@@ -200,3 +200,25 @@ def test_a_fork_of_links_is_refused_and_a_fork_of_copies_resumes_on_its_own(
     assert resumed.stdout.splitlines()[-1].split() == ["run", "dir", str(copied)]
     assert status.read(copied).state == "completed"
     assert files(finished_sweep) == before
+
+
+@pytest.mark.slow
+def test_an_evaluation_into_the_directory_of_the_run_it_evaluates_changes_nothing(
+    finished_sweep,
+):
+    run_dir = finished_sweep / "0"
+    before = files(finished_sweep)
+
+    refused = subprocess.run(
+        [sys.executable, "eval.py", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+         f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    assert refused.returncode == 1
+    assert last_line(refused) == (
+        f"attnlab: hydra.run.dir={run_dir} holds a training run, whose record and metrics "
+        "eval.py would write over: leave hydra.run.dir to its default "
+        "(logs/<task>/evals/<time>), or pass a new directory"
+    )
+    assert files(finished_sweep) == before

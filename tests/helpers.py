@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -42,6 +43,16 @@ def train_py(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     return result
+
+
+def attnlab(*args: str, stdin_closed: bool = False) -> subprocess.CompletedProcess:
+    """`attnlab ARGS` in a process of its own, its standard input closed (as `<&-` closes it)
+    or empty."""
+    return subprocess.run(
+        [sys.executable, "-m", "attnlab.commands.cli", *args], cwd=ROOT, capture_output=True,
+        text=True, timeout=300, stdin=None if stdin_closed else subprocess.DEVNULL,
+        preexec_fn=(lambda: os.close(0)) if stdin_closed else None,
+    )  # fmt: skip
 
 
 # every pe runs in a causal stack; a few lines of Shakespeare for language-model tests

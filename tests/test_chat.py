@@ -4,10 +4,11 @@ decodes for the same contexts; the terminal form keeps the conversation."""
 from __future__ import annotations
 
 import io
+import os
 import sys
 
 import pytest
-from helpers import compose_config, evaluated
+from helpers import attnlab, compose_config, evaluated
 from test_dialogue import conversation, dialogue_line, write_dialogues
 
 from attnlab.commands.chat import chat
@@ -86,3 +87,33 @@ def test_an_exported_model_replies_as_its_checkpoint(trained, tmp_path, monkeypa
         chat([f"ckpt_path={model}", "decode.strategy=greedy"])
         replies.append(capsys.readouterr().out)
     assert replies[0] == replies[1] and replies[0].count("model: ") == 2
+
+
+def test_replies_written_through_a_link_onto_the_conversations_are_refused(trained, tmp_path):
+    best, _ = trained
+    talks = tmp_path / "talks.txt"
+    talks.write_text("hello there __eou__ how are you? __eou__\n")
+    replies = tmp_path / "replies.txt"
+    os.symlink(talks, replies)
+
+    refused = attnlab("chat", f"ckpt_path={best}", f"input={talks}", f"output={replies}")
+
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"attnlab: output={replies} is the file chat reads as input={talks} (links followed): "
+        "writing it would lose that file; pass output=<another file>, or leave output out to "
+        "write to standard output"
+    )
+    assert talks.read_text() == "hello there __eou__ how are you? __eou__\n"
+
+
+@pytest.mark.parametrize("form", [[], ["input=-"]], ids=["terminal", "input=-"])
+def test_standard_input_closed_is_one_sentence(trained, form):
+    best, _ = trained
+    closed = attnlab("chat", f"ckpt_path={best}", *form, stdin_closed=True)
+    assert closed.returncode == 1
+    assert closed.stderr.strip() == (
+        "attnlab: chat reads standard input, and this process has none (it was closed): pass "
+        "input=<a file>, or give it a terminal, a pipe or < file"
+    )
+    assert closed.stdout == ""

@@ -7,6 +7,8 @@ SIGKILL and resumed, a new run or sweep pointed at a directory that holds runs.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -144,3 +146,79 @@ def test_a_sweep_into_a_directory_whose_jobs_hold_runs_changes_nothing(finished_
     )
     assert files(finished_sweep) == before
     assert sorted(p.name for p in finished_sweep.iterdir()) == ["0"]
+
+
+def contained_refusal(entry: Path, target: Path, run_dir: Path, more: int) -> str:
+    others = f" (and {more} more links)" if more else ""
+    return (
+        f"attnlab: {entry} is a link out of the run directory, to {target}{others}: a run writes "
+        f"only inside its own directory, {run_dir}, and writing through a link would change the "
+        "files it leads to; replace each link with a copy (cp -r, not cp -rs or cp -l), or start "
+        "a new run"
+    )
+
+
+@pytest.mark.slow
+def test_a_run_whose_metrics_folder_links_into_another_run_is_refused(finished_sweep, tmp_path):
+    other = finished_sweep / "0"
+    run_dir = tmp_path / "run"
+    shutil.copytree(other, run_dir)
+    shutil.rmtree(run_dir / "csv")
+    os.symlink(other / "csv", run_dir / "csv")
+    before, own = files(finished_sweep), files(run_dir)
+
+    refused = train_py(f"run_dir={run_dir}", "trainer.max_steps=16", *QUIET)
+
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert last_line(refused) == contained_refusal(run_dir / "csv", other / "csv", run_dir, 0)
+    assert files(finished_sweep) == before, "the other run's metrics and hparams are untouched"
+    assert files(run_dir) == own
+
+
+@pytest.mark.slow
+def test_a_fork_of_links_is_refused_and_a_fork_of_copies_resumes_on_its_own(
+    finished_sweep, tmp_path
+):
+    other = finished_sweep / "0"
+    fork = tmp_path / "fork"
+    subprocess.run(["cp", "-rs", str(other), str(fork)], check=True)
+    links = sorted(path for path in fork.rglob("*") if path.is_symlink())
+    first = min(path for path in links if path.parent == fork)
+    refusal = contained_refusal(first, other / first.name, fork, len(links) - 1)
+    before = files(finished_sweep)
+
+    for resume in (f"run_dir={fork}", f"ckpt_path={fork / 'checkpoints' / 'last.ckpt'}"):
+        refused = train_py(resume, "trainer.max_steps=16", *QUIET)
+        assert refused.returncode == 1, refused.stderr[-3000:]
+        assert last_line(refused) == refusal
+    assert files(finished_sweep) == before
+
+    copied = tmp_path / "copied"
+    shutil.copytree(other, copied)
+    resumed = train_py(f"run_dir={copied}", "trainer.max_steps=14", *QUIET)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.splitlines()[-1].split() == ["run", "dir", str(copied)]
+    assert status.read(copied).state == "completed"
+    assert files(finished_sweep) == before
+
+
+@pytest.mark.slow
+def test_an_evaluation_into_the_directory_of_the_run_it_evaluates_changes_nothing(
+    finished_sweep,
+):
+    run_dir = finished_sweep / "0"
+    before = files(finished_sweep)
+
+    refused = subprocess.run(
+        [sys.executable, "eval.py", f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+         f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+    assert refused.returncode == 1
+    assert last_line(refused) == (
+        f"attnlab: hydra.run.dir={run_dir} holds a training run, whose record and metrics "
+        "eval.py would write over: leave hydra.run.dir to its default "
+        "(logs/<task>/evals/<time>), or pass a new directory"
+    )
+    assert files(finished_sweep) == before

@@ -4,11 +4,12 @@ run's own evaluation decodes it; bad requests are one sentence."""
 from __future__ import annotations
 
 import io
+import os
 import sys
 
 import pytest
 import torch
-from helpers import evaluated
+from helpers import attnlab, evaluated
 from test_translation_data import sentence_pairs, write_split
 
 from attnlab.commands.translate import batches, translate
@@ -76,6 +77,67 @@ def test_a_missing_input_file_is_one_sentence(trained, tmp_path):
     best, _, _ = trained
     with pytest.raises(ConfigError, match=r"input=.* is not a file"):
         translate([f"ckpt_path={best}", f"input={tmp_path / 'none.en'}"])
+
+
+OVERWRITE = (
+    "attnlab: output={output} is the file translate reads as {read} (links followed): writing it "
+    "would lose that file; pass output=<another file>, or leave output out to write to standard "
+    "output"
+)
+
+
+@pytest.mark.parametrize("form", ["the same path", "a symbolic link", "a hard link"])
+def test_an_output_onto_the_input_is_refused_and_the_input_kept(trained, tmp_path, form):
+    best, data, _ = trained
+    source = tmp_path / "in.en"
+    source.write_bytes((data / "test.en").read_bytes())
+    output = {"the same path": source, "a symbolic link": tmp_path / "link.en",
+              "a hard link": tmp_path / "hard.en"}[form]  # fmt: skip
+    if form == "a symbolic link":
+        os.symlink(source.name, output)
+    elif form == "a hard link":
+        os.link(source, output)
+
+    refused = attnlab("translate", f"ckpt_path={best}", f"input={source}", f"output={output}")
+
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == OVERWRITE.format(output=output, read=f"input={source}")
+    assert source.read_bytes() == (data / "test.en").read_bytes()
+
+
+def test_an_output_onto_the_checkpoint_or_a_file_of_an_export_is_refused(trained, tmp_path):
+    best, data, _ = trained
+    exported = tmp_path / "export"
+    assert attnlab("export", f"ckpt_path={best}", f"out={exported}").returncode == 0
+    model = tmp_path / "model.ckpt"
+    os.symlink(best, model)
+    before = {path: path.read_bytes() for path in (best, *exported.iterdir())}
+    for ckpt, output, read in [
+        (model, best, f"ckpt_path={model}"),
+        (exported, exported / "config.json", f"ckpt_path={exported} ({exported / 'config.json'})"),
+    ]:
+        refused = attnlab("translate", f"ckpt_path={ckpt}", f"input={data / 'test.en'}",
+                          f"output={output}")  # fmt: skip
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == OVERWRITE.format(output=output, read=read)
+    refused = attnlab("export", f"ckpt_path={model}", f"out={best}")
+    assert refused.stderr.strip() == (
+        f"attnlab: out={best} is the file export reads as ckpt_path={model} (links followed): "
+        "writing it would lose that file; pass out=<a new directory>"
+    )
+    assert {path: path.read_bytes() for path in before} == before
+
+
+def test_standard_input_closed_is_one_sentence_and_empty_input_no_lines(trained):
+    best, _, _ = trained
+    closed = attnlab("translate", f"ckpt_path={best}", "input=-", stdin_closed=True)
+    assert closed.returncode == 1
+    assert closed.stderr.strip() == (
+        "attnlab: translate reads standard input, and this process has none (it was closed): "
+        "pass input=<a file>, or give it a terminal, a pipe or < file"
+    )
+    empty = attnlab("translate", f"ckpt_path={best}", "input=-")
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", "")
 
 
 def test_batches_keep_each_batch_within_its_token_budget():

@@ -18,10 +18,11 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
+from attnlab.commands.files import STANDARD, standard_input
 from attnlab.commands.translate import (
     DEFAULT_MAX_TOKENS,
     decoded,
@@ -77,8 +78,8 @@ class Chat:
 
 def conversations_of(source: str) -> list[list[str]]:
     """One conversation a line, its turns ended by __eou__ (a last turn may go without)."""
-    if source == "-":
-        lines = [line.strip() for line in sys.stdin]
+    if source == STANDARD:
+        lines = [line.strip() for line in standard_input("chat")]
     elif Path(source).is_file():
         lines = list(read_lines(Path(source)))
     else:
@@ -88,10 +89,10 @@ def conversations_of(source: str) -> list[list[str]]:
     return [[t.strip() for t in line.split(END_OF_TURN) if t.strip()] or [""] for line in lines]
 
 
-def typed() -> str:
+def typed(stdin: TextIO) -> str:
     """The next turn from the terminal (or a pipe); "" at an empty line or the end of input."""
     try:
-        return (input("you: ") if sys.stdin.isatty() else sys.stdin.readline()).strip()
+        return (input("you: ") if stdin.isatty() else stdin.readline()).strip()
     except EOFError:
         return ""
 
@@ -101,11 +102,12 @@ def chat(args: list[str]) -> None:
     bot = Chat(args)
     if "input" in bot.settings:
         replies = bot.replies(conversations_of(str(bot.settings["input"])))
-        write_output(str(bot.settings.get("output", "-")), replies)
+        write_output(str(bot.settings.get("output", STANDARD)), replies)
         return
+    stdin = standard_input("chat")
     print("(an empty line ends the conversation)", file=sys.stderr)
     turns: list[str] = []
-    while line := typed():
+    while line := typed(stdin):
         (reply,) = bot.replies([[*turns, line]])
         turns += [line, reply]
         print(f"model: {reply}", flush=True)

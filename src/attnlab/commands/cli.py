@@ -134,12 +134,15 @@ def parser() -> argparse.ArgumentParser:
 
 def print_exported(args: list[str]) -> None:
     from attnlab.commands.arguments import parse_setting
+    from attnlab.commands.files import check_output
     from attnlab.stored import export
 
     names = ("ckpt_path", "out")
     settings = dict(parse_setting(a, "export", names, names, names.__contains__) for a in args)
     if missing := [name for name in names if name not in settings]:
         raise ConfigError(f"export needs {' and '.join(missing)}: pass ckpt_path=... out=<dir>")
+    read = {"ckpt_path": settings["ckpt_path"]}
+    check_output("out", settings["out"], read, "export", "pass out=<a new directory>")
     files = export(settings["ckpt_path"], settings["out"])
     print(f"wrote {', '.join(files)} into {settings['out']}")
 

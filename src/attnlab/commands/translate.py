@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attnlab.commands.arguments import parse_setting
+from attnlab.commands.files import STANDARD, check_output, standard_input
 from attnlab.config.build import current
 from attnlab.config.values import is_count
 from attnlab.data.text import read_lines, text_line
@@ -46,7 +47,8 @@ DEFAULT_MAX_TOKENS = 4096
 
 
 def requested(args: list[str], program: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The settings and the decode.* settings of `program`'s key=value arguments."""
+    """The settings and the decode.* settings of `program`'s key=value arguments; an output
+    that is one of the files they read is refused."""
 
     def known(key: str) -> bool:
         return key in SETTINGS or (key.startswith("decode.") and key[7:] in DECODE_SETTINGS)
@@ -63,6 +65,9 @@ def requested(args: list[str], program: str) -> tuple[dict[str, Any], dict[str, 
         )
     if not is_count(settings.get("max_tokens", DEFAULT_MAX_TOKENS)):
         raise ConfigError(f"max_tokens={settings['max_tokens']!r} must be a positive integer")
+    read = {key: str(settings[key]) for key in ("input", "ckpt_path") if key in settings}
+    instead = "pass output=<another file>, or leave output out to write to standard output"
+    check_output("output", str(settings.get("output", STANDARD)), read, program, instead)
     return settings, decode
 
 
@@ -152,9 +157,10 @@ def evaluation_cut(system: Seq2SeqSystem) -> int:
 
 
 def read_input(source: str) -> list[str]:
-    if source == "-":
+    if source == STANDARD:
         stdin = Path("<standard input>")
-        return [text_line(raw, stdin, n) for n, raw in enumerate(sys.stdin.buffer, 1)]
+        lines = standard_input("translate").buffer
+        return [text_line(raw, stdin, n) for n, raw in enumerate(lines, 1)]
     if not Path(source).is_file():
         raise ConfigError(
             f"input={source} is not a file: pass a text file, or - for standard input"
@@ -164,7 +170,7 @@ def read_input(source: str) -> list[str]:
 
 def write_output(target: str, lines: list[str]) -> None:
     text = "".join(f"{line}\n" for line in lines)
-    if target == "-":
+    if target == STANDARD:
         sys.stdout.write(text)
     else:
         Path(target).write_text(text, encoding="utf-8")

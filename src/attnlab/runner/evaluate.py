@@ -25,7 +25,9 @@ from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
 from attnlab.config.values import check_ranges
 from attnlab.errors import ConfigError, check_writable
+from attnlab.runner import status
 from attnlab.runner.job import run_composed
+from attnlab.runner.lock import check_contained
 from attnlab.runner.preflight import check_setting_keys
 from attnlab.runner.resume import (
     argument,
@@ -81,6 +83,20 @@ def evaluate_main(cfg: DictConfig) -> dict[str, float]:
         raise SystemExit(f"attnlab: {error}") from None
 
 
+def check_evaluation_directory(directory: Path) -> None:
+    """Refuse, before Hydra writes its record there, a directory that holds a training run
+    (eval.py would write over its .hydra record and add to its metrics), that a link leads
+    out of, or that cannot be written."""
+    if (directory / status.FILE).is_file():
+        raise ConfigError(
+            f"hydra.run.dir={directory} holds a training run, whose record and metrics eval.py "
+            "would write over: leave hydra.run.dir to its default (logs/<task>/evals/<time>), "
+            "or pass a new directory"
+        )
+    check_contained(directory)
+    check_writable(directory)
+
+
 def main() -> None:
     """The checkpoint's overrides ahead of the command line's, composed (`attnlab.runner.job`);
     flags (--help, --cfg, ...) go to Hydra's app with the command line as given."""
@@ -100,7 +116,7 @@ def main() -> None:
         from_run = [arg for arg in arguments if arg not in args]
         arguments = check_setting_keys(arguments, "eval", stored=from_run)
         if (run_dir := argument(args, "hydra.run.dir")) is not None:
-            check_writable(Path(run_dir))
+            check_evaluation_directory(Path(run_dir))
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
     run_composed("eval", arguments, evaluate_main)

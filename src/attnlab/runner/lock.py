@@ -1,4 +1,6 @@
 """One writer per run directory: `<run dir>/run.lock` names the process that trains there.
+That writer writes only inside it: a directory holding a link that leads out of it is
+refused (`check_contained`) before anything is written.
 
 `attnlab.runner.status.tracking` takes the lock when a run starts and removes it when the run ends,
 however it ends. A second process is refused with one sentence naming the holder's host and
@@ -103,6 +105,34 @@ def check_free(run_dir: Path) -> None:
     held = read(run_dir / FILE)
     if held is not None and held.alive():
         raise ConfigError(refusal(run_dir, held))
+
+
+def leaving(run_dir: Path) -> list[tuple[Path, str]]:
+    """The entries below `run_dir` through which a write would change a file outside it, and
+    where each leads: a symbolic link out of it (`cp -rs` makes a fork of them), a file with
+    other hard links (`cp -l`). Links to folders are listed, not entered."""
+    root = run_dir.resolve()
+    found = []
+    for directory, folders, files in os.walk(root):
+        for name in sorted((*folders, *files)):
+            entry = Path(directory, name)
+            if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+                found.append((entry, f"a link out of the run directory, to {entry.resolve()}"))
+            elif not entry.is_symlink() and entry.is_file() and entry.stat().st_nlink > 1:
+                found.append((entry, "a hard link (its file has other names)"))
+    return found
+
+
+def check_contained(run_dir: Path) -> None:
+    """Refuse a run directory that a run's writes would leave through a link (`leaving`)."""
+    if found := leaving(run_dir):
+        (entry, where), more = found[0], len(found) - 1
+        others = f" (and {more} more links)" if more else ""
+        raise ConfigError(
+            f"{entry} is {where}{others}: a run writes only inside its own directory, {run_dir}, "
+            "and writing through a link would change the files it leads to; replace each link "
+            "with a copy (cp -r, not cp -rs or cp -l), or start a new run"
+        )
 
 
 def create(path: Path, mine: Holder) -> bool:

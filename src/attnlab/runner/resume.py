@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import operator
+import os
 import re
 import sys
 from collections.abc import Collection
@@ -148,10 +149,17 @@ def argument(args: list[str], key: str) -> str | None:
 
 
 def run_directory(checkpoint: Path) -> Path | None:
-    """The run directory a checkpoint was written in (<run>/checkpoints/x.ckpt), if any."""
-    run_dir = checkpoint.resolve().parent.parent
-    is_run = checkpoint.resolve().parent.name == "checkpoints" and (run_dir / ".hydra").is_dir()
-    return run_dir if is_run else None
+    """The run directory a checkpoint was written in (<run>/checkpoints/x.ckpt), links
+    followed, if any."""
+    return named_run_directory(checkpoint.resolve())
+
+
+def named_run_directory(checkpoint: Path) -> Path | None:
+    """The run directory a checkpoint is named under (<run>/checkpoints/x.ckpt), links not
+    followed, if any: a fork's, where `run_directory` follows its links to the run it copies."""
+    path = Path(os.path.abspath(checkpoint))
+    run_dir = path.parent.parent
+    return run_dir if path.parent.name == "checkpoints" and (run_dir / ".hydra").is_dir() else None
 
 
 def stored_record(args: list[str]) -> dict[str, Any] | None:

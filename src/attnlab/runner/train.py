@@ -284,14 +284,17 @@ def check_directories(args: list[str]) -> None:
 
 def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
     """Refuse a directory that another process writes, that holds a run which this one
-    does not continue (from `checkpoint`), or that cannot be written."""
+    does not continue (from `checkpoint`), that cannot be written, or that a link leads out
+    of; so too the run directory `checkpoint` is named under (a fork's, made of links)."""
     from attnlab.runner import lock, status
-    from attnlab.runner.resume import run_directory
+    from attnlab.runner.resume import named_run_directory, run_directory
 
+    resuming = checkpoint not in (None, "null")
+    lock.check_contained(run_dir)
+    if resuming and (named := named_run_directory(Path(checkpoint))) is not None:
+        lock.check_contained(named)
     lock.check_free(run_dir)
-    continues = checkpoint not in (None, "null") and (
-        run_directory(Path(checkpoint)) == run_dir.resolve()
-    )
+    continues = resuming and run_directory(Path(checkpoint)) == run_dir.resolve()
     if not continues and status.holds_run(run_dir):
         raise holds_a_run(run_dir)
     check_writable(run_dir, resumed_elsewhere(run_dir) if continues else ELSEWHERE)
@@ -319,9 +322,11 @@ def holds_a_run(run_dir: Path | str) -> ConfigError:
 
 
 def check_sweep_directory(sweep: Path) -> None:
-    """Refuse a sweep directory that holds runs, or whose directories (its jobs') do."""
-    from attnlab.runner import status
+    """Refuse a sweep directory that holds runs, or whose directories (its jobs') do, or that
+    a link leads out of."""
+    from attnlab.runner import lock, status
 
+    lock.check_contained(sweep)
     inside = sorted(d for d in sweep.iterdir() if d.is_dir()) if sweep.is_dir() else []
     taken = [d for d in (sweep, *inside) if status.holds_run(d)]
     if taken:

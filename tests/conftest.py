@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 import torch
@@ -48,3 +49,17 @@ def make_config(tmp_path):
 
     yield make
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB file system of its own (tmpfs), to fill while a run trains."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True
+    )
+    if made.returncode != 0:
+        pytest.skip("mounting a small tmpfs (a disk to fill) needs root and mount rights")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)

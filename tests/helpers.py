@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -234,3 +235,13 @@ def decoded_one_at_a_time(model: Any, tokens: torch.Tensor, prefix: int = 1) -> 
     steps = [model(tokens[:, :prefix], cache)]
     steps += [model(tokens[:, t : t + 1], cache) for t in range(prefix, tokens.shape[1])]
     return torch.cat(steps, 1)
+
+
+def fill(disk: Path, leave: int = 0) -> Path:
+    """Fill `disk` with one file until only `leave` bytes are free; the file, to free it."""
+    filler = disk / "filler"
+    with filler.open("wb") as file, contextlib.suppress(OSError):  # the disk is full
+        while (room := shutil.disk_usage(disk).free - leave) > 0:
+            file.write(b"\0" * min(room, 65536))
+            file.flush()
+    return filler

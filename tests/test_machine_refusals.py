@@ -4,18 +4,16 @@ says what to do, its last good checkpoint intact and its resume command printed.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, fill
 from PIL import Image
 
 from attnlab.runner import status
@@ -34,20 +32,6 @@ def one_sentence(result: subprocess.CompletedProcess) -> str:
     assert result.returncode == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     return result.stderr.strip().splitlines()[-1]
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 3 MiB file system of its own (tmpfs), to fill while a run trains."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True
-    )
-    if made.returncode != 0:
-        pytest.skip("mounting a small tmpfs (a disk to fill) needs root and mount rights")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
 
 
 @pytest.mark.slow
@@ -179,16 +163,6 @@ def test_a_read_only_run_is_told_to_resume_a_copy_and_the_copy_resumes(read_only
     followed = pasted(f"cp -a {view} {copy} && python train.py run_dir={copy}", ROOT)
     assert followed.returncode == 0, followed.stderr[-2000:]
     assert status.read(copy).state == "completed"
-
-
-def fill(disk: Path, leave: int = 0) -> Path:
-    """Fill `disk` with one file until only `leave` bytes are free; the file, to free it."""
-    filler = disk / "filler"
-    with filler.open("wb") as file, contextlib.suppress(OSError):  # the disk is full
-        while (room := shutil.disk_usage(disk).free - leave) > 0:
-            file.write(b"\0" * min(room, 65536))
-            file.flush()
-    return filler
 
 
 def test_a_comparison_onto_a_full_disk_is_one_sentence_and_leaves_no_half_file(small_disk):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from helpers import attnlab, evaluated
+from helpers import attnlab, evaluated, fill
 from test_translation_data import sentence_pairs, write_split
 
 from attnlab.commands.translate import batches, translate
@@ -200,3 +200,28 @@ def test_the_evaluation_cut_is_read_from_either_layout_of_the_runs_data(data, cu
     assert evaluation_cut(SimpleNamespace(run_record=record)) == cut
     with pytest.raises(ConfigError, match=r"no usable task\.data\.batching\.max_eval_len"):
         evaluation_cut(SimpleNamespace(run_record={"config": {"task": {"data": {}}}}))
+
+
+def test_translations_onto_a_full_disk_are_one_sentence_and_the_earlier_output_kept(
+    trained, small_disk
+):
+    best, data, _ = trained
+    output = small_disk / "out.de"
+    output.write_text("an earlier translation\n", encoding="utf-8")
+    filler = fill(small_disk)
+
+    refused = attnlab("translate", f"ckpt_path={best}", f"input={data / 'test.en'}",
+                      f"output={output}")  # fmt: skip
+
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().startswith(
+        f"attnlab: could not write {output} (No space left on device"
+    ), refused.stderr[-2000:]
+    assert output.read_text(encoding="utf-8") == "an earlier translation\n"
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "out.de"], "no half file"
+    filler.unlink()
+    assert attnlab("translate", f"ckpt_path={best}", f"input={data / 'test.en'}",
+                   f"output={output}").returncode == 0  # fmt: skip
+    assert len(output.read_text(encoding="utf-8").splitlines()) == len(
+        (data / "test.en").read_text(encoding="utf-8").splitlines()
+    )

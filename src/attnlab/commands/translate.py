@@ -32,6 +32,7 @@ from attnlab.data.text import read_lines, text_line
 from attnlab.data.tokenizer import VOCABULARY_KEY
 from attnlab.decoding.encoder_decoder import DecodeConfig, generate
 from attnlab.errors import ConfigError
+from attnlab.files import write_text
 from attnlab.stored import load_system, nested
 
 if TYPE_CHECKING:
@@ -172,5 +173,5 @@ def write_output(target: str, lines: list[str]) -> None:
     text = "".join(f"{line}\n" for line in lines)
     if target == STANDARD:
         sys.stdout.write(text)
-    else:
-        Path(target).write_text(text, encoding="utf-8")
+    else:  # whole or not at all, at the file a link names
+        write_text(Path(target).resolve(), text)

@@ -220,12 +220,13 @@ def print_pruned(directory: Path) -> None:
 
 def update_results(path: Path, check: bool) -> None:
     from attnlab.compare.results import regenerate
+    from attnlab.files import write_text
 
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: pass --file <RESULTS.md>")
     text = regenerate(path, draw=not check)
     if not check:
-        path.write_text(text)
+        write_text(path, text)
         print(f"regenerated the tables of {path}")
     elif text != path.read_text():
         raise ConfigError(f"{path} is out of date with its run records: run `attnlab results`")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -19,6 +20,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
 from attnlab.errors import ConfigError
+from attnlab.files import written
 from attnlab.logger.rows import logged_step
 from attnlab.logger.storage import writable_directory
 
@@ -62,7 +64,8 @@ class AppendingWriter(ExperimentWriter):
         with open(self.metrics_file_path, newline="") as file:
             rows = list(csv.DictReader(file))
         check_steps(self.metrics_file_path, rows[:-1])  # the last may be cut short
-        with open(self.metrics_file_path, "w", newline="") as file:
+        path = Path(self.metrics_file_path)
+        with written(path, durable=True) as partial, partial.open("w", newline="") as file:
             writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
             writer.writeheader()
             writer.writerows(row for row in rows if kept(row))

@@ -28,6 +28,7 @@ from attnlab.config.values import check_ranges
 from attnlab.data.task import TaskData
 from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.errors import ConfigError  # fmt: skip
+from attnlab.files import write_text
 from attnlab.logger.wandb import WandbLogger
 from attnlab.model.architecture import Architecture
 from attnlab.runner.callbacks import ScoredExamples, ValidateAtEnd
@@ -358,4 +359,4 @@ def print_config(cfg: DictConfig) -> None:
 @rank_zero_only
 def save_config_tree(cfg: DictConfig, output_dir: str) -> None:
     """<run dir>/config_tree.log: the tree of every run, sweep jobs included."""
-    Path(output_dir, "config_tree.log").write_text(config_tree(cfg, color=False))
+    write_text(Path(output_dir, "config_tree.log"), config_tree(cfg, color=False))

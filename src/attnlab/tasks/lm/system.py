@@ -37,6 +37,7 @@ from attnlab.data.task import NON_OVERLAPPING, WINDOWS, TaskData, WindowBatch, W
 from attnlab.decoding.decoder_only import continuations
 from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.errors import ConfigError
+from attnlab.files import write_text
 from attnlab.memory import check_forward
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
@@ -223,7 +224,7 @@ class LMSystem(System):
         directory.mkdir(parents=True, exist_ok=True)
         bound = self.net.stack.parts.max_len
         record = {"max_positions": bound, "lengths": results}
-        (directory / f"{stage}.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_text(directory / f"{stage}.json", json.dumps(record, indent=2) + "\n")
         lines = ["length,position,loss,tokens"]
         curves = {}
         for length, (nll, count) in per.items():
@@ -236,7 +237,7 @@ class LMSystem(System):
             curves[length] = [
                 v if n else float("nan") for v, n in zip(loss, count.tolist(), strict=True)
             ]
-        (directory / f"{stage}_loss_by_position.csv").write_text("\n".join(lines) + "\n")
+        write_text(directory / f"{stage}_loss_by_position.csv", "\n".join(lines) + "\n")
         ppl = {
             w.perplexity: {int(n): r.get(w.perplexity, float("nan")) for n, r in results.items()}
             for w in WINDOWS
@@ -294,7 +295,7 @@ class LMSystem(System):
         path = Path(self.trainer.default_root_dir) / "samples" / f"step{self.global_step:06d}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         rule = "\n" + "-" * 40 + "\n"
-        path.write_text(rule.join(texts) + "\n")
+        write_text(path, rule.join(texts) + "\n")
         log.info("sample at step %d:\n%s", self.global_step, texts[0])
         for logger in self.loggers:
             if isinstance(logger, WandbLogger):

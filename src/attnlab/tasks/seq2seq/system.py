@@ -31,6 +31,7 @@ from attnlab.data.task import PairBatch, TaskData
 from attnlab.data.tokenizer import VOCABULARY_KEY, Tokenizers
 from attnlab.decoding.encoder_decoder import DecodeConfig, generate
 from attnlab.errors import ConfigError
+from attnlab.files import write_text
 from attnlab.metrics import SCORERS, signatures
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
@@ -188,7 +189,7 @@ class Seq2SeqSystem(System):
         name = f"{stage}_epoch{self.current_epoch:03d}.txt" if stage == "val" else "test.txt"
         path = Path(self.trainer.default_root_dir) / "hypotheses" / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(f"{hypothesis}\n" for *_, hypothesis in rows), encoding="utf-8")
+        write_text(path, "".join(f"{hypothesis}\n" for *_, hypothesis in rows))
         if stage == "val":
             self._log_samples(rows[:SAMPLES])
 

@@ -5,15 +5,17 @@ same outputs; loading runs no code; every mistake is one sentence."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import pytest
 import torch
+from helpers import TEXT
 from test_lm_generation import generated, save_lm_checkpoint
 
 from attnlab.commands.cli import main
 from attnlab.errors import ConfigError
-from attnlab.stored import CONFIG, WEIGHTS, export, read_checkpoint
+from attnlab.stored import CONFIG, WEIGHTS, digest, export, read_checkpoint
 
 
 @pytest.fixture
@@ -154,6 +156,46 @@ def damage_files(out, how: str) -> None:
         (out / CONFIG).write_text(json.dumps(config))
 
 
+def piece_model(size: int) -> bytes:
+    """A SentencePiece model of TEXT's characters with `size` pieces, trained elsewhere: its
+    special pieces where SentencePiece puts them by default (no pad, unk 0, bos 1, eos 2)."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    symbols = [f"<{i}>" for i in range(size - 3 - len(set(TEXT) - {"\n"}))]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXT.splitlines()), model_writer=model, model_type="char",
+        vocab_size=size, user_defined_symbols=symbols, minloglevel=2,
+    )  # fmt: skip
+    return model.getvalue()
+
+
+def swap_tokenizer(out, how: str) -> None:
+    """Put another tokenizer in the export, listed with its SHA-256 as if exported with it: of
+    another size, with its special pieces elsewhere, a link out of the export, or a pipe."""
+    chars = out / "tokenizer.chars"
+    if how == "smaller":
+        chars.write_text("abc")
+    elif how == "specials":
+        chars.unlink()
+        chars = out / "tokenizer.model"
+        chars.write_bytes(piece_model(4 + len(set(TEXT))))
+    elif how == "link":
+        outside = out.parent / "elsewhere.chars"
+        chars.rename(outside)
+        chars.symlink_to(outside)
+        return
+    else:
+        chars.unlink()
+        os.mkfifo(chars)
+        return
+    config = json.loads((out / CONFIG).read_text())
+    config["files"] = {chars.name: digest(chars.read_bytes())}
+    (out / CONFIG).write_text(json.dumps(config))
+
+
 DAMAGED_EXPORTS = {  # id: (damage, what the sentence says)
     "shape": (damage_weights, r"the checkpoint's \S+ is \(\d+, \d+\) torch.float32 where"),
     "dtype": (damage_weights, r"is \(\d+, \d+\) torch.float16 where the model .*torch.float32"),
@@ -164,6 +206,14 @@ DAMAGED_EXPORTS = {  # id: (damage, what the sentence says)
     "missing": (damage_files, r"tokenizer.chars, which config.json lists, is missing"),
     "unlisted": (damage_files, r"tokenizer.model is not one of the files config.json lists"),
     "unrecorded": (damage_files, r"config.json lists no files \(an export of an earlier"),
+    "smaller": (swap_tokenizer, r"the checkpoint's tokenizer has 7 tokens where its model has 34"),
+    "specials": (
+        swap_tokenizer,
+        r"the checkpoint's tokenizer holds pad at -1 \(not 0\), unk at 0 \(not 1\), bos at 1 "
+        r"\(not 2\), eos at 2 \(not 3\): it is not the tokenizer the model was trained with",
+    ),
+    "link": (swap_tokenizer, r"tokenizer.chars links to .*elsewhere.chars, outside the export"),
+    "fifo": (swap_tokenizer, r"tokenizer.chars is not a regular file: export the checkpoint"),
 }
 
 

@@ -53,13 +53,13 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     checkpoint = read_checkpoint(config["ckpt_path"])
     changeable = evaluation_options(config)
     check_same_model(config, checkpoint[RECORD_KEY]["config"], "eval.py", changeable)
-    datamodule.restore(checkpoint, STAGES[config["split"]])
     settings = dict(config["task"]["system"])
     system_class = own_class(settings.pop("_target_"))
     if changeable:
         architecture = checkpoint["hyper_parameters"]["architecture"]
         settings["architecture"] = with_settings(architecture, changeable)
-    system = rebuild(system_class, checkpoint, settings)
+    system = rebuild(system_class, checkpoint, settings)  # its tokenizers checked against it
+    datamodule.restore(checkpoint, STAGES[config["split"]])
     system.check_lengths(datamodule)
     trainer = run.build_trainer(config)
     method = trainer.test if config["split"] == "test" else trainer.validate

@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
+import test_machine_refusals
 import torch
 from helpers import TEXT
-from test_lm_generation import generated, save_lm_checkpoint
+from test_lm_generation import ATTNLAB, generated, save_lm_checkpoint
 
 from attnlab.commands.cli import main
 from attnlab.errors import ConfigError
@@ -298,3 +302,40 @@ def test_a_checkpoint_with_a_damaged_run_record_is_one_sentence_naming_the_entry
         sentence = rf"export's entry {sentence}.* damaged or edited"
     with pytest.raises(SystemExit, match=sentence):
         main(["generate", f"ckpt_path={out}", "prompt=A"])
+
+
+small_disk = test_machine_refusals.small_disk  # the fixture: a small disk of its own
+
+
+def filled(disk) -> Path:
+    """Fill `disk` to the last byte; the file that fills it."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as file, pytest.raises(OSError):
+        while True:
+            file.write(b"\0" * 4096)
+    return filler
+
+
+@pytest.mark.slow
+def test_an_export_onto_a_full_disk_is_one_sentence_leaves_nothing_and_runs_again(
+    exported, small_disk
+):
+    checkpoint, _ = exported
+    out = small_disk / "export"
+    command = [ATTNLAB, "export", f"ckpt_path={checkpoint}", f"out={out}"]
+    filler = filled(small_disk)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert re.fullmatch(
+        rf"attnlab: could not write {out} \(No space left on device, \d+\.\d MiB free there\): "
+        r"free space there, then export again \(nothing of it was left\)",
+        result.stderr.strip(),
+    ), result.stderr
+    assert [p.name for p in small_disk.iterdir()] == ["filler"]
+    filler.unlink()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert torch.equal(
+        read_checkpoint(out)["state_dict"]["net.embed.weight"],
+        torch.load(checkpoint, weights_only=True)["state_dict"]["net.embed.weight"],
+    )

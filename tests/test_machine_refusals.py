@@ -4,6 +4,8 @@ says what to do, its last good checkpoint intact and its resume command printed.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -140,3 +142,34 @@ def test_the_resume_command_names_a_cache_of_the_runs_own(data_dir, make_config,
     (tmp_path / "checkpoints" / "last.ckpt").touch()
     suffix = "" if data_dir is None else f" paths.data_dir={tmp_path / data_dir}"
     assert resumable(cfg) == f"python train.py run_dir={tmp_path.resolve()}{suffix}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("left", [0, 16 * 1024])
+def test_an_evaluation_onto_a_full_disk_is_one_sentence_and_leaves_no_directory(
+    left, small_disk, tmp_path
+):
+    """A disk full from the start (eval.py's config files) or filling during the test (its
+    log, metrics and plots): one sentence, no half-written evaluation, and it runs again."""
+    trained = train_py("model=tiny", "trainer.max_steps=4", f"hydra.run.dir={tmp_path / 'run'}")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    out = small_disk / "eval"
+    command = [sys.executable, "eval.py", f"ckpt_path={tmp_path / 'run/checkpoints/last.ckpt'}",
+               f"hydra.run.dir={out}", *QUIET]  # fmt: skip
+    filler = small_disk / "filler"
+    with filler.open("wb", buffering=0) as file, pytest.raises(OSError):
+        while True:
+            file.write(b"\0" * 4096)
+    os.truncate(filler, filler.stat().st_size - left)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert re.fullmatch(
+        rf"attnlab: could not write {out}\S* \(No space left on device, \d+\.\d MiB free "
+        rf"there\): free space there, then run eval.py again \(its unfinished directory {out} "
+        r"is removed\)",
+        one_sentence(result),
+    ), result.stderr[-2000:]
+    assert [p.name for p in small_disk.iterdir()] == ["filler"]
+    filler.unlink()
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (out / "csv" / "metrics.csv").is_file()

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from attnlab.config.build import own_class
 from attnlab.data.tokenizer import VOCABULARY_KEY
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, MachineError, refused_by_machine
 from attnlab.tasks.lm.stream import TOKENIZER_KEY
 
 RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
@@ -280,24 +280,28 @@ def export(ckpt_path: str, out: str) -> list[str]:
     try:
         write_export(partial, target, checkpoint, text, files)
     except OSError as error:
+        shutil.rmtree(partial, ignore_errors=True)  # before the free space is measured
+        refusal = refused_by_machine(OSError(error.errno, error.strerror, str(target)))
+        if refusal is not None:
+            raise MachineError(f"{refusal}, then export again (nothing of it was left)") from None
         raise ConfigError(
             f"cannot write the export into {out} ({error.strerror or error}): pass out= a new "
             "directory in a place you can write to, with room for the model"
         ) from None
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
     return sorted(path.name for path in target.iterdir())
 
 
 def write_export(
     partial: Path, target: Path, checkpoint: dict[str, Any], text: str, files: dict[str, bytes]
 ) -> None:
-    """Write the export into `partial`, then rename it to `target` (whole or not at all)."""
-    from safetensors.torch import save_file
+    """Write the export into `partial`, then rename it to `target` (whole or not at all).
+    The weights are serialized in memory and written here, so that a full disk is the
+    OSError it is (safetensors' own writer reports it as a SafetensorError, in words)."""
+    from safetensors.torch import save
 
     partial.mkdir(parents=True)
     tensors, aliases = shared_once(checkpoint["state_dict"])
-    save_file(tensors, partial / WEIGHTS, metadata={"aliases": json.dumps(aliases)})
+    (partial / WEIGHTS).write_bytes(save(tensors, metadata={"aliases": json.dumps(aliases)}))
     (partial / CONFIG).write_text(text + "\n", encoding="utf-8")
     for name, model in files.items():
         (partial / name).write_bytes(model)

@@ -10,7 +10,10 @@
     <dir>/tokenizer.chars      or the characters of its char tokenizer (UTF-8)
 
 config.json lists the tokenizer files with their SHA-256: one missing, changed or not
-listed is refused when the directory is read.
+listed is refused when the directory is read, and so is a file that is not a regular file of
+the directory's own (a link out of it). A tokenizer, an export's or a checkpoint's, must fit
+the model it is loaded with: as many tokens as its embedding, the special ids it reads. An
+export is written into a hidden sibling directory and renamed into place: whole, or not there.
 
 Both read as data only: a checkpoint with `weights_only` (tensors and plain data), a
 directory as JSON, safetensors and SentencePiece bytes, so loading either runs no code.

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, TEXT
+from test_checkpoints import Payload
 
 from attnlab.runner.resume import allowed_overrides
 from attnlab.stored import RECORD_KEY
 
+QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
 RUN = [
-    "model=tiny", "trainer.max_epochs=1", "task.data.train_size=64", "task.data.max_len=8",
-    "extras.print_config=false", "callbacks.progress_bar.refresh_rate=0",
+    "model=tiny", "trainer.max_epochs=1", "task.data.train_size=64", "task.data.max_len=8", *QUIET,
 ]  # fmt: skip
 
 
@@ -209,3 +210,109 @@ def test_comparing_run_directories_runs_no_resolver_they_store(tmp_path):
     assert "| a | ${oc.env:ATTNLAB_SECRET} |" in result.stdout, "shown as the text it is"
     assert "hunter2" not in result.stdout + (runs / "comparison.md").read_text()
     assert not list(tmp_path.glob("made*"))
+
+
+class Custom:
+    """A class of the test's own: a checkpoint holding one is refused, not imported."""
+
+
+def reading(program: str, checkpoint: Path, tmp_path: Path) -> list[str]:
+    """The command line of `program` reading `checkpoint`."""
+    attnlab = str(Path(sys.executable).parent / "attnlab")
+    return {
+        "eval.py": [sys.executable, "eval.py", f"ckpt_path={checkpoint}",
+                    f"hydra.run.dir={tmp_path / 'eval'}"],
+        "train.py": [sys.executable, "train.py", f"ckpt_path={checkpoint}"],
+        "generate": [attnlab, "generate", f"ckpt_path={checkpoint}", "prompt=A"],
+        "translate": [attnlab, "translate", f"ckpt_path={checkpoint}", "input=-"],
+        "export": [attnlab, "export", f"ckpt_path={checkpoint}", f"out={tmp_path / 'out'}"],
+    }[program]  # fmt: skip
+
+
+def edited(last: Path, tmp_path: Path, how: str) -> tuple[Path, str]:
+    """A copy of `last` edited `how`, and the sentence it is refused with."""
+    data = torch.load(last, weights_only=True)
+    path = tmp_path / f"{how}.ckpt"
+    if how == "no_state_dict":
+        del data["state_dict"]
+        sentence = (
+            f"{path}'s entry state_dict is missing: the file was damaged or edited; use the "
+            "checkpoint train.py wrote, or export it again"
+        )
+    else:
+        data["extra"] = Custom() if how == "custom" else Payload(tmp_path / "ran")
+        held = "test_checkpoint_trust.Custom" if how == "custom" else "getattr"
+        sentence = (
+            f"{path} holds a Python object ({held}) besides tensors and plain data, and "
+            "attnlab loads only data (reading a checkpoint runs no code): use a checkpoint that "
+            "train.py wrote, or a directory that attnlab export wrote"
+        )
+    torch.save(data, path)
+    return path, sentence
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["no_state_dict", "custom", "payload"])
+@pytest.mark.parametrize("program", ["eval.py", "train.py", "generate", "translate", "export"])
+def test_a_checkpoint_it_cannot_take_is_one_sentence_of_attnlabs_own(
+    program, how, trained, tmp_path
+):
+    """Without state_dict, or holding an object of a class (a payload that would run code):
+    one sentence before anything else is read; torch's advice to load the file with
+    weights_only=False (to run its code) is never passed on, and the payload did not run."""
+    checkpoint, sentence = edited(trained / "checkpoints" / "last.ckpt", tmp_path, how)
+    result = subprocess.run(
+        reading(program, checkpoint, tmp_path), cwd=ROOT, capture_output=True, text=True,
+        input="", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"attnlab: {sentence}"
+    assert "weights_only" not in result.stdout + result.stderr
+    assert not (tmp_path / "ran").exists()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_data_file_the_checkpoint_names_is_read_only_saying_so(tmp_path):
+    """A run trained on task.data.file=text.txt (relative to where it was launched), evaluated
+    from a directory holding another text.txt: eval.py reads the run's file and says so in
+    one line; with that file gone, one sentence naming the override; with the override, the
+    file given."""
+    launched, elsewhere = tmp_path / "launched", tmp_path / "elsewhere"
+    launched.mkdir(), elsewhere.mkdir()
+    (launched / "text.txt").write_text(TEXT * 40)
+    (elsewhere / "text.txt").write_text("another text entirely\n" * 80)
+    lm = ["task=lm", "task.data.source=local", "task.data.tokenizer=char", "task.data.block_size=16",
+          "task.data.eval_lengths=[16]", "task.data.fractions=[0.8,0.1,0.1]", "model=tiny", *QUIET]  # fmt: skip
+    trained = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *lm, "task.data.file=text.txt", "trainer.max_steps=2",
+         f"hydra.run.dir={tmp_path / 'run'}", f"paths.data_dir={tmp_path / 'cache'}"],
+        cwd=launched, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-2000:]
+
+    def evaluated(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(ROOT / "eval.py"), f"ckpt_path={tmp_path / 'run/checkpoints/last.ckpt'}",
+                   f"hydra.run.dir={tmp_path / 'eval'}", *QUIET, *args]  # fmt: skip
+        return subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, timeout=300)
+
+    read = evaluated()
+    assert read.returncode == 0, read.stderr[-2000:]
+    file = launched / "text.txt"
+    assert (
+        f"attnlab: reading task.data.file={file}, the run's (from its checkpoint): pass "
+        "task.data.file=<another> to evaluate on other data"
+    ) in read.stderr.splitlines()
+    assert f"file: {file}\n" in (tmp_path / "eval/.hydra/config.yaml").read_text()
+
+    file.rename(launched / "moved.txt")
+    gone = evaluated()
+    assert gone.returncode == 1 and "Traceback" not in gone.stderr
+    assert gone.stderr.strip().splitlines()[-1] == (
+        f"attnlab: the run was trained with task.data.file={file}, which is gone: pass "
+        "task.data.file=<where that data is now> to eval.py"
+    )
+    given = evaluated(f"task.data.file={launched / 'moved.txt'}")
+    assert given.returncode == 0, given.stderr[-2000:]
+    assert "attnlab: reading task.data" not in given.stderr

@@ -247,7 +247,9 @@ def test_a_checkpoint_that_would_run_code_is_refused_unrun(checkpoint, tmp_path)
     assert (
         result.stderr.strip()
         .splitlines()[-1]
-        .startswith(f"attnlab: {evil} cannot be read as a checkpoint (UnpicklingError")
+        .startswith(
+            f"attnlab: {evil} holds a Python object (getattr) besides tensors and plain data"
+        )
     )
 
 

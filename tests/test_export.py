@@ -5,15 +5,21 @@ same outputs; loading runs no code; every mistake is one sentence."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
+import test_machine_refusals
 import torch
-from test_lm_generation import generated, save_lm_checkpoint
+from helpers import TEXT
+from test_lm_generation import ATTNLAB, generated, save_lm_checkpoint
 
 from attnlab.commands.cli import main
 from attnlab.errors import ConfigError
-from attnlab.stored import CONFIG, WEIGHTS, export, read_checkpoint
+from attnlab.stored import CONFIG, WEIGHTS, digest, export, read_checkpoint
 
 
 @pytest.fixture
@@ -154,6 +160,46 @@ def damage_files(out, how: str) -> None:
         (out / CONFIG).write_text(json.dumps(config))
 
 
+def piece_model(size: int) -> bytes:
+    """A SentencePiece model of TEXT's characters with `size` pieces, trained elsewhere: its
+    special pieces where SentencePiece puts them by default (no pad, unk 0, bos 1, eos 2)."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    symbols = [f"<{i}>" for i in range(size - 3 - len(set(TEXT) - {"\n"}))]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXT.splitlines()), model_writer=model, model_type="char",
+        vocab_size=size, user_defined_symbols=symbols, minloglevel=2,
+    )  # fmt: skip
+    return model.getvalue()
+
+
+def swap_tokenizer(out, how: str) -> None:
+    """Put another tokenizer in the export, listed with its SHA-256 as if exported with it: of
+    another size, with its special pieces elsewhere, a link out of the export, or a pipe."""
+    chars = out / "tokenizer.chars"
+    if how == "smaller":
+        chars.write_text("abc")
+    elif how == "specials":
+        chars.unlink()
+        chars = out / "tokenizer.model"
+        chars.write_bytes(piece_model(4 + len(set(TEXT))))
+    elif how == "link":
+        outside = out.parent / "elsewhere.chars"
+        chars.rename(outside)
+        chars.symlink_to(outside)
+        return
+    else:
+        chars.unlink()
+        os.mkfifo(chars)
+        return
+    config = json.loads((out / CONFIG).read_text())
+    config["files"] = {chars.name: digest(chars.read_bytes())}
+    (out / CONFIG).write_text(json.dumps(config))
+
+
 DAMAGED_EXPORTS = {  # id: (damage, what the sentence says)
     "shape": (damage_weights, r"the checkpoint's \S+ is \(\d+, \d+\) torch.float32 where"),
     "dtype": (damage_weights, r"is \(\d+, \d+\) torch.float16 where the model .*torch.float32"),
@@ -164,6 +210,14 @@ DAMAGED_EXPORTS = {  # id: (damage, what the sentence says)
     "missing": (damage_files, r"tokenizer.chars, which config.json lists, is missing"),
     "unlisted": (damage_files, r"tokenizer.model is not one of the files config.json lists"),
     "unrecorded": (damage_files, r"config.json lists no files \(an export of an earlier"),
+    "smaller": (swap_tokenizer, r"the checkpoint's tokenizer has 7 tokens where its model has 34"),
+    "specials": (
+        swap_tokenizer,
+        r"the checkpoint's tokenizer holds pad at -1 \(not 0\), unk at 0 \(not 1\), bos at 1 "
+        r"\(not 2\), eos at 2 \(not 3\): it is not the tokenizer the model was trained with",
+    ),
+    "link": (swap_tokenizer, r"tokenizer.chars links to .*elsewhere.chars, outside the export"),
+    "fifo": (swap_tokenizer, r"tokenizer.chars is not a regular file: export the checkpoint"),
 }
 
 
@@ -248,3 +302,40 @@ def test_a_checkpoint_with_a_damaged_run_record_is_one_sentence_naming_the_entry
         sentence = rf"export's entry {sentence}.* damaged or edited"
     with pytest.raises(SystemExit, match=sentence):
         main(["generate", f"ckpt_path={out}", "prompt=A"])
+
+
+small_disk = test_machine_refusals.small_disk  # the fixture: a small disk of its own
+
+
+def filled(disk) -> Path:
+    """Fill `disk` to the last byte; the file that fills it."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as file, pytest.raises(OSError):
+        while True:
+            file.write(b"\0" * 4096)
+    return filler
+
+
+@pytest.mark.slow
+def test_an_export_onto_a_full_disk_is_one_sentence_leaves_nothing_and_runs_again(
+    exported, small_disk
+):
+    checkpoint, _ = exported
+    out = small_disk / "export"
+    command = [ATTNLAB, "export", f"ckpt_path={checkpoint}", f"out={out}"]
+    filler = filled(small_disk)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert re.fullmatch(
+        rf"attnlab: could not write {out} \(No space left on device, \d+\.\d MiB free there\): "
+        r"free space there, then export again \(nothing of it was left\)",
+        result.stderr.strip(),
+    ), result.stderr
+    assert [p.name for p in small_disk.iterdir()] == ["filler"]
+    filler.unlink()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert torch.equal(
+        read_checkpoint(out)["state_dict"]["net.embed.weight"],
+        torch.load(checkpoint, weights_only=True)["state_dict"]["net.embed.weight"],
+    )

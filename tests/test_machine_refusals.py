@@ -196,3 +196,30 @@ def test_a_comparison_onto_a_full_disk_is_one_sentence_and_leaves_no_half_file(s
     again = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (out / "comparison.md").read_text().startswith("# Comparison of 2 runs")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("left", [0, 16 * 1024])
+def test_an_evaluation_onto_a_full_disk_is_one_sentence_and_leaves_no_directory(
+    left, small_disk, tmp_path
+):
+    """A disk full from the start (eval.py's config files) or filling during the test (its
+    log, metrics and plots): one sentence, no half-written evaluation, and it runs again."""
+    trained = train_py("model=tiny", "trainer.max_steps=4", f"hydra.run.dir={tmp_path / 'run'}")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    out = small_disk / "eval"
+    command = [sys.executable, "eval.py", f"ckpt_path={tmp_path / 'run/checkpoints/last.ckpt'}",
+               f"hydra.run.dir={out}", *QUIET]  # fmt: skip
+    filler = fill(small_disk, leave=left)
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert re.fullmatch(
+        rf"attnlab: could not write {out}\S* \(No space left on device, \d+\.\d MiB free "
+        rf"there\): free space there, then run eval.py again \(its unfinished directory {out} "
+        r"is removed\)",
+        one_sentence(result),
+    ), result.stderr[-2000:]
+    assert [p.name for p in small_disk.iterdir()] == ["filler"]
+    filler.unlink()
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (out / "csv" / "metrics.csv").is_file()

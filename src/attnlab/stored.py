@@ -10,7 +10,10 @@
     <dir>/tokenizer.chars      or the characters of its char tokenizer (UTF-8)
 
 config.json lists the tokenizer files with their SHA-256: one missing, changed or not
-listed is refused when the directory is read.
+listed is refused when the directory is read, and so is a file that is not a regular file of
+the directory's own (a link out of it). A tokenizer, an export's or a checkpoint's, must fit
+the model it is loaded with: as many tokens as its embedding, the special ids it reads. An
+export is written into a hidden sibling directory and renamed into place: whole, or not there.
 
 Both read as data only: a checkpoint with `weights_only` (tensors and plain data), a
 directory as JSON, safetensors and SentencePiece bytes, so loading either runs no code.
@@ -27,6 +30,8 @@ import hashlib
 import inspect
 import json
 import os
+import pickle
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +39,7 @@ from typing import Any, TypeVar
 
 from attnlab.config.build import own_class
 from attnlab.data.tokenizer import VOCABULARY_KEY
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, MachineError, refused_by_machine
 from attnlab.tasks.lm.stream import TOKENIZER_KEY
 
 RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
@@ -63,19 +68,37 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(text, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:
-        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        raise ConfigError(
-            f"{text} cannot be read as a checkpoint ({type(error).__name__}: {reason}): it is "
-            "truncated, not a checkpoint, or holds objects other than tensors and plain data"
-        ) from None
+        raise ConfigError(unreadable(text, error)) from None
     if not isinstance(checkpoint, dict) or RECORD_KEY not in checkpoint:
         raise ConfigError(f"{text} holds no attnlab run record: was it written by train.py?")
     check_record(checkpoint, text)
     return checkpoint
 
 
+def unreadable(path: str, error: Exception) -> str:
+    """Why torch could not read the checkpoint `path`, in attnlab's words: the Python object
+    torch's data-only unpickler refused, by name, or the error's first line. Torch's own
+    message for a refused object advises loading the file as code; it is never passed on."""
+    message = str(error).strip()
+    if isinstance(error, pickle.UnpicklingError):
+        found = re.search(r"GLOBAL ([\w.]+)", message)
+        if found:
+            return (
+                f"{path} holds a Python object ({found.group(1)}) besides tensors and plain "
+                "data, and attnlab loads only data (reading a checkpoint runs no code): use a "
+                "checkpoint that train.py wrote, or a directory that attnlab export wrote"
+            )
+        message = ""  # torch's advice again
+    reason = f": {message.splitlines()[0][:200]}" if message else ""
+    return (
+        f"{path} cannot be read as a checkpoint ({type(error).__name__}{reason}): it is "
+        "truncated, not a checkpoint, or holds objects other than tensors and plain data"
+    )
+
+
 # what every checkpoint and export holds, and what of it is read back: (keys, type)
 RECORD_FORM = (
+    (("state_dict",), dict),
     (("hyper_parameters",), dict),
     ((RECORD_KEY, "overrides"), list),
     ((RECORD_KEY, "config"), dict),
@@ -112,11 +135,13 @@ def read_exported(directory: Path) -> dict[str, Any]:
     run record and the tokenizers."""
     from safetensors import SafetensorError, safe_open
 
-    if not (directory / CONFIG).is_file() or not (directory / WEIGHTS).is_file():
+    if not (directory / CONFIG).exists() or not (directory / WEIGHTS).exists():
         raise ConfigError(
             f"{directory} is a directory without {CONFIG} and {WEIGHTS}: pass a checkpoint "
             "file, or a directory attnlab export wrote"
         )
+    check_own(directory, CONFIG)
+    check_own(directory, WEIGHTS)
     try:
         config = json.loads((directory / CONFIG).read_text(encoding="utf-8"))
         with safe_open(directory / WEIGHTS, framework="pt") as weights:
@@ -168,13 +193,29 @@ def check_files(directory: Path, files: Any) -> None:
             if path.exists():
                 raise ConfigError(f"{path} is not one of the files {CONFIG} lists: remove it")
             continue
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"{path}, which {CONFIG} lists, is missing: export again")
+        check_own(directory, name)
         if digest(path.read_bytes()) != files[name]:
             raise ConfigError(
                 f"{path} is not the file that was exported (its SHA-256 differs): it is damaged "
                 "or edited; export again"
             )
+
+
+def check_own(directory: Path, name: str) -> None:
+    """A ConfigError unless the export's file `name` is a regular file of its own: not a
+    link to a file outside the directory (whatever it names would be read as the model's),
+    nor a directory, pipe or device."""
+    path = directory / name
+    where = path.resolve()
+    if not where.is_relative_to(directory.resolve()):
+        raise ConfigError(
+            f"{path} links to {where}, outside the export: an exported model reads only its "
+            "own files; put the file itself there, or export the checkpoint again"
+        )
+    if not where.is_file():
+        raise ConfigError(f"{path} is not a regular file: export the checkpoint again")
 
 
 def read_tokenizers(directory: Path) -> dict[str, Any]:
@@ -242,24 +283,28 @@ def export(ckpt_path: str, out: str) -> list[str]:
     try:
         write_export(partial, target, checkpoint, text, files)
     except OSError as error:
+        shutil.rmtree(partial, ignore_errors=True)  # before the free space is measured
+        refusal = refused_by_machine(OSError(error.errno, error.strerror, str(target)))
+        if refusal is not None:
+            raise MachineError(f"{refusal}, then export again (nothing of it was left)") from None
         raise ConfigError(
             f"cannot write the export into {out} ({error.strerror or error}): pass out= a new "
             "directory in a place you can write to, with room for the model"
         ) from None
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
     return sorted(path.name for path in target.iterdir())
 
 
 def write_export(
     partial: Path, target: Path, checkpoint: dict[str, Any], text: str, files: dict[str, bytes]
 ) -> None:
-    """Write the export into `partial`, then rename it to `target` (whole or not at all)."""
-    from safetensors.torch import save_file
+    """Write the export into `partial`, then rename it to `target` (whole or not at all).
+    The weights are serialized in memory and written here, so that a full disk is the
+    OSError it is (safetensors' own writer reports it as a SafetensorError, in words)."""
+    from safetensors.torch import save
 
     partial.mkdir(parents=True)
     tensors, aliases = shared_once(checkpoint["state_dict"])
-    save_file(tensors, partial / WEIGHTS, metadata={"aliases": json.dumps(aliases)})
+    (partial / WEIGHTS).write_bytes(save(tensors, metadata={"aliases": json.dumps(aliases)}))
     (partial / CONFIG).write_text(text + "\n", encoding="utf-8")
     for name, model in files.items():
         (partial / name).write_bytes(model)
@@ -289,10 +334,35 @@ def rebuild(system_class: type[S], checkpoint: dict[str, Any], changes: dict[str
     check_fits(functools.partial(system_class.network, **arguments), architecture, EVALUATION_BYTES)
     system = system_class(**built)
     system.on_load_checkpoint(checkpoint)
+    check_vocabularies(system.vocabularies())
     check_weights(checkpoint["state_dict"], system.state_dict())
     system.load_state_dict(checkpoint["state_dict"])
     system.run_record = checkpoint[RECORD_KEY]
     return system
+
+
+def check_vocabularies(vocabularies: dict[str, Any]) -> None:
+    """A ConfigError for a tokenizer that does not fit the network it was stored with (a
+    vocabulary of another size, or special pieces at other ids): its text would be read as
+    other tokens, and tokens past the vocabulary written as replacement characters."""
+    for side, (tokenizer, size, used) in vocabularies.items():
+        held = tokenizer.special_ids()
+        moved = [
+            f"{name} at {held.get(name)} (not {i})"
+            for name, i in used.items()
+            if held.get(name) != i
+        ]
+        if tokenizer.vocab_size != size or moved:
+            differs = (
+                f"has {tokenizer.vocab_size} tokens where its model has {size}"
+                if tokenizer.vocab_size != size
+                else f"holds {', '.join(moved)}"
+            )
+            raise ConfigError(
+                f"the checkpoint's {side} {differs}: it is not the tokenizer the model was "
+                "trained with; use the tokenizer files exported with the model, or export "
+                "its checkpoint again"
+            )
 
 
 def listed(names: list[str], most: int = 3) -> str:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import sentencepiece as spm
@@ -38,6 +39,8 @@ from attnlab.errors import ConfigError
 log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# where every tokenizer of the project holds its special pieces, and its models read them
+SPECIAL_IDS = MappingProxyType({"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID})
 MODEL_TYPES = ("unigram", "bpe")
 MODEL_FILE = "spm.model"
 
@@ -180,6 +183,12 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.processor.vocab_size()
+
+    def special_ids(self) -> dict[str, int]:
+        """Where the model holds its special pieces (-1: it has none), as SentencePiece reads
+        it: SPECIAL_IDS for a model the project trained."""
+        p = self.processor
+        return {"pad": p.pad_id(), "unk": p.unk_id(), "bos": p.bos_id(), "eos": p.eos_id()}
 
     def encode(self, text: str) -> list[int]:
         """Subword ids of one sentence, without BOS or EOS."""

@@ -14,17 +14,20 @@ and tokenizer files (attnlab.stored): reading either runs no code.
 
 from __future__ import annotations
 
+import logging
+import shutil
 import sys
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from attnlab.config.build import own_class, to_dict
 from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
 from attnlab.config.values import check_ranges
-from attnlab.errors import ConfigError, check_writable
+from attnlab.errors import ConfigError, check_writable, refusals_stop_logging, refused_by_machine
 from attnlab.runner import status
 from attnlab.runner.job import run_composed
 from attnlab.runner.lock import check_contained
@@ -57,13 +60,13 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     checkpoint = read_checkpoint(config["ckpt_path"])
     changeable = evaluation_options(config)
     check_same_model(config, checkpoint[RECORD_KEY]["config"], "eval.py", changeable)
-    datamodule.restore(checkpoint, STAGES[config["split"]])
     settings = dict(config["task"]["system"])
     system_class = own_class(settings.pop("_target_"))
     if changeable:
         architecture = checkpoint["hyper_parameters"]["architecture"]
         settings["architecture"] = with_settings(architecture, changeable)
-    system = rebuild(system_class, checkpoint, settings)
+    system = rebuild(system_class, checkpoint, settings)  # its tokenizers checked against it
+    datamodule.restore(checkpoint, STAGES[config["split"]])
     system.check_lengths(datamodule)
     trainer = run.build_trainer(config)
     method = trainer.test if config["split"] == "test" else trainer.validate
@@ -77,6 +80,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
 def evaluate_main(cfg: DictConfig) -> dict[str, float]:
+    refusals_stop_logging(logging.getLogger())  # eval.log, on a disk that fills
     try:
         return evaluate(cfg)
     except ConfigError as error:
@@ -97,6 +101,26 @@ def check_evaluation_directory(directory: Path) -> None:
     check_writable(directory)
 
 
+def evaluate_composed(arguments: list[str], existed: bool) -> None:
+    """Run the evaluation of `arguments`; a write the machine refuses (a full disk) ends it in
+    one sentence, and removes the evaluation's directory where this evaluation made it (its
+    metrics, half written, would read as an evaluation's; `existed`: it was there before,
+    named on the command line): run again, it starts whole."""
+    try:
+        run_composed("eval", arguments, evaluate_main)
+    except Exception as error:
+        if refused_by_machine(error) is None:
+            raise
+        removed, directory = "", None
+        if HydraConfig.initialized():
+            directory = Path(HydraConfig.get().runtime.output_dir)
+        if directory is not None and not existed:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed = f" (its unfinished directory {directory} is removed)"
+        refusal = refused_by_machine(error, directory)  # free space measured after the removal
+        raise SystemExit(f"attnlab: {refusal}, then run eval.py again{removed}") from None
+
+
 def main() -> None:
     """The checkpoint's overrides ahead of the command line's, composed (`attnlab.runner.job`);
     flags (--help, --cfg, ...) go to Hydra's app with the command line as given."""
@@ -115,11 +139,13 @@ def main() -> None:
         arguments = evaluation_arguments(args)
         from_run = [arg for arg in arguments if arg not in args]
         arguments = check_setting_keys(arguments, "eval", stored=from_run)
-        if (run_dir := argument(args, "hydra.run.dir")) is not None:
+        run_dir = argument(args, "hydra.run.dir")
+        existed = run_dir is not None and Path(run_dir).exists()
+        if run_dir is not None:
             check_evaluation_directory(Path(run_dir))
     except ConfigError as error:
         raise SystemExit(f"attnlab: {error}") from None
-    run_composed("eval", arguments, evaluate_main)
+    evaluate_composed(arguments, existed)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ LAST = "last.ckpt"  # the latest state of a run, in <run dir>/checkpoints/
 CHOSEN = tuple(group for group in GROUPS if group not in OUTPUT)
 SETTINGS = ("task", *ARCHITECTURE, "trainer", "decode", "extras")
 OUTPUT_KEYS = ("default_root_dir", "cache_dir", "dirpath", "save_dir", "output_dir", "log_dir")
-DATA_LOCATIONS = ("task.data.dir", "task.data.test_src", "task.data.test_tgt")
+DATA_LOCATIONS = ("task.data.dir", "task.data.file", "task.data.test_src", "task.data.test_tgt")
 # how a run was trained, not what it learned: an evaluation never takes these from the run
 TRAINING_ONLY = ("trainer", "callbacks", "debug", "hparams_search", "train", "test")
 TOP_VALUES = ("seed", "tags", "train", "test", "optimized_metric")
@@ -186,14 +186,22 @@ def absolute_locations(overrides: list[str], root: str | Path) -> list[str]:
     return located
 
 
+def stored_locations(stored: list[str], args: list[str]) -> list[tuple[str, Any]]:
+    """The data locations (key, value) that `stored` sets and `args` do not: what a run
+    rebuilt from its checkpoint reads because the checkpoint says so."""
+    given = {override.key_or_group for override in _parse(args)}
+    return [
+        (override.key_or_group, override.value())
+        for override in _parse(stored)
+        if override.key_or_group in DATA_LOCATIONS and override.key_or_group not in given
+    ]
+
+
 def check_data_present(stored: list[str], args: list[str], program: str) -> None:
     """Refuse a stored data location that is gone, unless `args` give another: reading what
     now happens to be elsewhere would evaluate (or train on) other data."""
-    given = {override.key_or_group for override in _parse(args)}
-    for override in _parse(stored):
-        key, value = override.key_or_group, override.value()
-        missing = isinstance(value, str) and not Path(value).exists()
-        if key in DATA_LOCATIONS and key not in given and missing:
+    for key, value in stored_locations(stored, args):
+        if isinstance(value, str) and not Path(value).exists():
             raise ConfigError(
                 f"the run was trained with {key}={value}, which is gone: pass {key}=<where "
                 f"that data is now> to {program}"
@@ -274,6 +282,12 @@ def evaluation_arguments(args: list[str]) -> list[str]:
         )
     check_same_task(record, args, "eval.py")
     check_data_present(stored, args, "eval.py")
+    for key, value in stored_locations(stored, args):  # never read without saying so
+        print(
+            f"attnlab: reading {key}={value}, the run's (from its checkpoint): pass "
+            f"{key}=<another> to evaluate on other data",
+            file=sys.stderr,
+        )
     return [*stored, *args]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -44,6 +44,15 @@ def parameter_counts(model: nn.Module) -> dict[str, int]:
         }
         counts[name] = sum(params.values())
     return counts
+
+
+class Vocabulary(NamedTuple):
+    """A tokenizer and what of it the network was built for: the rows of its embedding or
+    output, and the ids it reads as the special pieces (pad, unk, bos, eos)."""
+
+    tokenizer: Any  # with vocab_size and special_ids()
+    size: int
+    special_ids: Mapping[str, int]
 
 
 @runtime_checkable
@@ -126,6 +135,12 @@ class System(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.run_record is not None:
             checkpoint[RECORD_KEY] = self.run_record
+
+    def vocabularies(self) -> dict[str, Vocabulary]:
+        """The tokenizers the network reads and writes text with, by what each tokenizes,
+        with what it must fit (attnlab.stored checks a loaded model's); none where the
+        network reads no text."""
+        return {}
 
     def configure_optimizers(self) -> dict:
         return self.optim.configure(self, int(self.trainer.estimated_stepping_batches))

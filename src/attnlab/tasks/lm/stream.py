@@ -30,7 +30,7 @@ epoch, so a resumed run skips into the same draw; DDP ranks take every num_repli
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,7 +43,14 @@ from attnlab.data.cache import ids_dtype
 from attnlab.data.encoding import Encoder, Unit, encode_units
 from attnlab.data.loader import ResumableSampler
 from attnlab.data.task import WINDOWS, WindowBatch, Windows
-from attnlab.data.tokenizer import EOS_ID, UNK_ID, Tokenizer, build_once, cache_key
+from attnlab.data.tokenizer import (
+    EOS_ID,
+    SPECIAL_IDS,
+    UNK_ID,
+    Tokenizer,
+    build_once,
+    cache_key,
+)
 from attnlab.errors import ConfigError
 
 SPECIALS = 4  # pad, unk, bos, eos: the ids every tokenizer of the project reserves
@@ -59,6 +66,8 @@ class StreamTokenizer(Protocol):
 
     @property
     def vocab_size(self) -> int: ...
+
+    def special_ids(self) -> Mapping[str, int]: ...
 
     def encode(self, text: str) -> np.ndarray: ...
 
@@ -88,6 +97,9 @@ class CharTokenizer:
     def vocab_size(self) -> int:
         return SPECIALS + len(self.characters)
 
+    def special_ids(self) -> Mapping[str, int]:
+        return SPECIAL_IDS
+
     def encode(self, text: str) -> np.ndarray:
         ids = self.ids
         return np.fromiter((ids.get(c, UNK_ID) for c in text), np.int64, len(text))
@@ -113,6 +125,9 @@ class PieceTokenizer:
     @property
     def vocab_size(self) -> int:
         return self.model.vocab_size
+
+    def special_ids(self) -> Mapping[str, int]:
+        return self.model.special_ids()
 
     def encode(self, text: str) -> np.ndarray:
         *ended, last = self.model.encode_batch(text.split("\n"))  # `last`: after the last break

@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 
 from attnlab.config.values import require_counts
 from attnlab.data.task import NON_OVERLAPPING, WINDOWS, TaskData, WindowBatch, Windows
+from attnlab.data.tokenizer import SPECIAL_IDS
 from attnlab.decoding.decoder_only import continuations
 from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.errors import ConfigError
@@ -43,7 +44,7 @@ from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM
 from attnlab.plots import save
-from attnlab.systems.base import System
+from attnlab.systems.base import System, Vocabulary
 from attnlab.systems.optim import Optim
 from attnlab.tasks.lm.report import lm_length_figures
 from attnlab.tasks.lm.stream import TOKENIZER_KEY, StreamTokenizer, restore_tokenizer
@@ -319,3 +320,6 @@ class LMSystem(System):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.tokenizer = restore_tokenizer(checkpoint.get(TOKENIZER_KEY))
+
+    def vocabularies(self) -> dict[str, Vocabulary]:
+        return {"tokenizer": Vocabulary(self.tokenizer, self.hparams.vocab_size, SPECIAL_IDS)}

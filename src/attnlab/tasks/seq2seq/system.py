@@ -28,7 +28,7 @@ from torchmetrics import MeanMetric
 
 from attnlab.config.values import require_counts
 from attnlab.data.task import PairBatch, TaskData
-from attnlab.data.tokenizer import VOCABULARY_KEY, Tokenizers
+from attnlab.data.tokenizer import UNK_ID, VOCABULARY_KEY, Tokenizers
 from attnlab.decoding.encoder_decoder import DecodeConfig, generate
 from attnlab.errors import ConfigError
 from attnlab.files import write_text
@@ -36,7 +36,7 @@ from attnlab.metrics import SCORERS, signatures
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import EncoderDecoder
-from attnlab.systems.base import System
+from attnlab.systems.base import System, Vocabulary
 from attnlab.systems.optim import Optim
 
 log = logging.getLogger(__name__)
@@ -209,6 +209,13 @@ class Seq2SeqSystem(System):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.tokenizers = Tokenizers.from_serialized(checkpoint[VOCABULARY_KEY])
+
+    def vocabularies(self) -> dict[str, Vocabulary]:
+        used = {"pad": self.pad_id, "unk": UNK_ID, "bos": self.bos_id, "eos": self.eos_id}
+        return {
+            "source tokenizer": Vocabulary(self.tokenizers.src, self.hparams.src_vocab_size, used),
+            "target tokenizer": Vocabulary(self.tokenizers.tgt, self.hparams.tgt_vocab_size, used),
+        }
 
     def on_validation_epoch_end(self) -> None:
         self._finish("val")

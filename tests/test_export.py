@@ -9,12 +9,10 @@ import os
 import pickle
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
-import test_machine_refusals
 import torch
-from helpers import TEXT
+from helpers import TEXT, fill
 from test_lm_generation import ATTNLAB, generated, save_lm_checkpoint
 
 from attnlab.commands.cli import main
@@ -304,18 +302,6 @@ def test_a_checkpoint_with_a_damaged_run_record_is_one_sentence_naming_the_entry
         main(["generate", f"ckpt_path={out}", "prompt=A"])
 
 
-small_disk = test_machine_refusals.small_disk  # the fixture: a small disk of its own
-
-
-def filled(disk) -> Path:
-    """Fill `disk` to the last byte; the file that fills it."""
-    filler = disk / "filler"
-    with filler.open("wb", buffering=0) as file, pytest.raises(OSError):
-        while True:
-            file.write(b"\0" * 4096)
-    return filler
-
-
 @pytest.mark.slow
 def test_an_export_onto_a_full_disk_is_one_sentence_leaves_nothing_and_runs_again(
     exported, small_disk
@@ -323,7 +309,7 @@ def test_an_export_onto_a_full_disk_is_one_sentence_leaves_nothing_and_runs_agai
     checkpoint, _ = exported
     out = small_disk / "export"
     command = [ATTNLAB, "export", f"ckpt_path={checkpoint}", f"out={out}"]
-    filler = filled(small_disk)
+    filler = fill(small_disk)
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert re.fullmatch(

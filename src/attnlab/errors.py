@@ -7,11 +7,8 @@ has no side effect.
 from __future__ import annotations
 
 import errno
-import functools
-import logging
 import os
 import shutil
-import sys
 from pathlib import Path
 
 
@@ -59,24 +56,6 @@ def refused_by_machine(error: BaseException, path: Path | None = None) -> Machin
 
 
 ELSEWHERE = "make it writable, or pass paths.log_dir=<a writable directory>"
-
-
-def refusals_stop_logging(logger: logging.Logger) -> None:
-    """Make the file handlers of `logger` raise the MachineError of a write the machine
-    refuses (a full disk) from the call that logged, where logging would print a traceback
-    for that record, and for every record after it, and go on."""
-    for handler in logger.handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handleError = functools.partial(_refused_or_reported, handler)  # type: ignore[method-assign]
-
-
-def _refused_or_reported(handler: logging.FileHandler, record: logging.LogRecord) -> None:
-    error = sys.exc_info()[1]
-    refusal = None if error is None else refused_by_machine(error, Path(handler.baseFilename))
-    if refusal is None:
-        logging.FileHandler.handleError(handler, record)
-        return
-    raise refusal
 
 
 def unwritable(directory: Path, reason: str, fix: str = ELSEWHERE) -> str:

@@ -1,11 +1,15 @@
 """Files written whole or not at all: a checkpoint, a report, a figure is written to a hidden
 sibling (`.<name>.partial-<pid>`) and renamed onto its name only once complete, so that a
 full disk or a kill leaves the earlier file (or none), never half of one; a file system's
-refusal is one sentence naming the file (attnlab.errors.refused_by_machine)."""
+refusal is one sentence naming the file (attnlab.errors.refused_by_machine), also where
+a log file is written (`refusals_stop_logging`)."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,3 +54,21 @@ def write_text(path: Path, text: str) -> None:
     """`path` holding `text` (UTF-8), whole or not at all."""
     with written(path) as partial:
         partial.write_text(text, encoding="utf-8")
+
+
+def refusals_stop_logging(logger: logging.Logger) -> None:
+    """Make the file handlers of `logger` raise the MachineError of a write the machine
+    refuses (a full disk) from the call that logged, where logging would print a traceback
+    for that record, and for every record after it, and go on."""
+    for handler in logger.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handleError = functools.partial(_refused_or_reported, handler)  # type: ignore[method-assign]
+
+
+def _refused_or_reported(handler: logging.FileHandler, record: logging.LogRecord) -> None:
+    error = sys.exc_info()[1]
+    refusal = None if error is None else refused_by_machine(error, Path(handler.baseFilename))
+    if refusal is None:
+        logging.FileHandler.handleError(handler, record)
+        return
+    raise refusal

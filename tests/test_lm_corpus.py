@@ -4,14 +4,17 @@ separated by EOS) that a killed build resumes, and cut into held-out splits by t
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
+import lzma
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -77,8 +80,43 @@ def gzip_cut(path: Path) -> None:
         (lambda d: (d / "e.parquet").write_text("no"), r"e.parquet is not a Parquet file"),
         (lambda d: gzip_cut(d / "e.jsonl.gz"), r"e.jsonl.gz cannot be read to its end \(EOFError"),
         (lambda d: (d / "e.txt").write_bytes(b"\xff\xfe"), r"e.txt cannot be read to its end"),
+        (
+            lambda d: (d / "e.jsonl.zst").write_text('{"text": "a"}\n'),
+            r"e.jsonl.zst is not a Zstandard file as its name says: it holds text; give it the "
+            r"suffix of what it holds \(.jsonl.gz gzip",
+        ),
+        (
+            lambda d: (d / "e.jsonl.zst").write_bytes(gzip.compress(b'{"text": "a"}\n')),
+            r"e.jsonl.zst is not a Zstandard file as its name says: it holds gzip data;",
+        ),
+        (
+            lambda d: (d / "e.jsonl.gz").write_bytes(zstandard.compress(b'{"text": "a"}\n')),
+            r"e.jsonl.gz is not a gzip file as its name says: it holds Zstandard data;",
+        ),
+        (
+            lambda d: (d / "e.jsonl.gz").write_bytes(lzma.compress(b'{"text": "a"}\n')),
+            r"e.jsonl.gz is not a gzip file as its name says: it holds xz data; turn it into a "
+            r"\.txt, \.jsonl, \.jsonl\.gz, \.jsonl\.zst or \.parquet file, or move it out",
+        ),
+        (
+            lambda d: (d / "e.txt").write_bytes(bz2.compress(b"a document\n")),
+            r"e.txt is not a text file as its name says: it holds bzip2 data;",
+        ),
     ],
-    ids=["other_kind", "text_not_text", "not_json", "no_column", "not_parquet", "cut", "not_utf8"],
+    ids=[
+        "other_kind",
+        "text_not_text",
+        "not_json",
+        "no_column",
+        "not_parquet",
+        "cut",
+        "not_utf8",
+        "zst_text",
+        "zst_gzip",
+        "gz_zstd",
+        "gz_xz",
+        "txt_bzip2",
+    ],
 )
 def test_a_bad_corpus_file_is_one_sentence_naming_it(damage, sentence, tmp_path):
     corpus = write_corpus(tmp_path / "corpus")
@@ -115,7 +153,7 @@ def test_documents_are_each_followed_by_eos_and_processes_change_nothing(tmp_pat
     for workers in (1, 2):
         out = tmp_path / str(workers)
         out.mkdir()
-        units = document_units(iter(documents), 500)
+        units = partial(document_units, documents, 500)
         counts = encode_units(out, units, encoder(tokenizer), workers, "test")
         ids = np.fromfile(out / "ids.bin", np.uint16)
         assert np.array_equal(ids, expected)
@@ -147,12 +185,12 @@ def test_a_build_stopped_midway_goes_on_without_encoding_again(tmp_path):
             yield unit
 
     with pytest.raises(Interrupted):
-        encode_units(tmp_path, stopping(7), encoder(tokenizer), 1, "test")
+        encode_units(tmp_path, lambda: stopping(7), encoder(tokenizer), 1, "test")
     assert json.loads((tmp_path / PROGRESS).read_text())["units"] == 7
     with (tmp_path / "ids.bin").open("ab") as ids:
         ids.write(b"\x01\x00" * 5)  # a unit written but not recorded when the kill came
     counting = CountingEncoder(restore_tokenizer, encoder(tokenizer).stored, "uint16", 1)
-    encode_units(tmp_path, iter(units), counting, 1, "test")
+    encode_units(tmp_path, lambda: iter(units), counting, 1, "test")
     assert counting.encoded == len(units) - 7, "the units written before are not encoded again"
     expected = np.concatenate([np.append(tokenizer.encode(d), EOS_ID) for d in documents])
     assert np.array_equal(np.fromfile(tmp_path / "ids.bin", np.uint16), expected)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, MachineError
 
 
 def settings_command(
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
             translate(args.settings)
         else:
             update_results(args.file, args.check)
-    except ConfigError as error:
+    except (ConfigError, MachineError) as error:
         raise SystemExit(f"attnlab: {error}") from None
 
 

@@ -205,7 +205,8 @@ def write_stream(
     workers: int,
 ) -> None:
     """Tokenize `units()` (None: the split is absent) into `directory`, in `workers`
-    processes, going on from what a killed build left there (attnlab.data.encoding)."""
+    processes, going on from what a killed build left there (attnlab.data.encoding); a
+    ConfigError for a split without text, which is not sealed."""
     meta: dict[str, Any] = {"identity": identity, "source": source}
     found = units()
     if found is None:
@@ -214,7 +215,17 @@ def write_stream(
     dtype = ids_dtype(tokenizer.vocab_size)
     stored = {"kind": tokenizer.kind, "model": tokenizer.serialized()}
     encoder = Encoder(restore_tokenizer, stored, dtype, tokenizer.unk_id)
-    counts = encode_units(directory, found, encoder, workers, source)
+    pending = [found]  # read already; a build that starts again reads them again
+
+    def again() -> Iterable[Unit]:
+        return pending.pop() if pending else units() or ()
+
+    counts = encode_units(directory, again, encoder, workers, source)
+    if counts["tokens"] == 0:
+        raise ConfigError(
+            f"{source} holds no text (0 tokens), and a stream of none is not cached: give it "
+            "text, or leave out a split that has none (test.txt, a third task.data.fractions)"
+        )
     meta.update(
         present=True, tokens=counts["tokens"], characters=counts["characters"],
         unknown=counts["unknown"], dtype=dtype,

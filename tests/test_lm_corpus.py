@@ -82,6 +82,12 @@ def gzip_cut(path: Path) -> None:
         (lambda d: gzip_cut(d / "e.jsonl.gz"), r"e.jsonl.gz cannot be read to its end \(EOFError"),
         (lambda d: (d / "e.txt").write_bytes(b"\xff\xfe"), r"e.txt cannot be read to its end"),
         (
+            lambda d: (d / "e.jsonl.zst").write_bytes(
+                zstandard.compress(b'{"text": "a"}\n' * 99)[:-9]
+            ),
+            r"e.jsonl.zst cannot be read to its end \(EOFError: the file ends inside a Zstandard frame",
+        ),
+        (
             lambda d: (d / "e.jsonl.zst").write_text('{"text": "a"}\n'),
             r"e.jsonl.zst is not a Zstandard file as its name says: it holds text; give it the "
             r"suffix of what it holds \(.jsonl.gz gzip",
@@ -112,6 +118,7 @@ def gzip_cut(path: Path) -> None:
         "not_parquet",
         "cut",
         "not_utf8",
+        "zst_cut",
         "zst_text",
         "zst_gzip",
         "gz_zstd",

@@ -20,7 +20,7 @@ import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from attnlab.data.text import NOT_TEXT
 from attnlab.errors import ConfigError
@@ -35,6 +35,7 @@ MAGIC = {  # the first bytes of a file that holds each
     "xz": b"\xfd7zXZ\x00", "bzip2": b"BZh", "zip": b"PK\x03\x04",
 }  # fmt: skip
 PARQUET_ROWS = 1024  # rows read at a time
+READ_BYTES = 1 << 20  # of a compressed file, read at a time
 
 
 def kind_of(path: Path) -> str | None:
@@ -67,11 +68,56 @@ def open_text(path: Path) -> IO[str]:
     if path.name.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8", newline="")
     if path.name.endswith(".zst"):
+        buffered = io.BufferedReader(ZstdFrames(path), READ_BYTES)
+        return io.TextIOWrapper(buffered, encoding="utf-8", newline="")
+    return path.open(encoding="utf-8", newline="")
+
+
+class ZstdFrames(io.RawIOBase):
+    """A Zstandard file's frames, decompressed as they are read; an EOFError where the file
+    ends inside a frame (zstandard's stream reader ends there silently: the rest of a cut
+    file would be lost unnoticed), an OSError for bytes that are not Zstandard."""
+
+    def __init__(self, path: Path) -> None:
         import zstandard
 
-        raw = zstandard.ZstdDecompressor().stream_reader(path.open("rb"), closefd=True)
-        return io.TextIOWrapper(raw, encoding="utf-8", newline="")
-    return path.open(encoding="utf-8", newline="")
+        self.file, self.error = path.open("rb"), zstandard.ZstdError
+        self.new = zstandard.ZstdDecompressor().decompressobj
+        self.frame, self.inside = self.new(), False
+        self.ready, self.at = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self.at == len(self.ready):
+            data = self.file.read(READ_BYTES)
+            if not data:
+                if self.inside:
+                    raise EOFError("the file ends inside a Zstandard frame (it was cut short)")
+                return 0
+            self.ready, self.at = self.decompress(data), 0
+        size = min(len(buffer), len(self.ready) - self.at)
+        buffer[:size] = self.ready[self.at : self.at + size]
+        self.at += size
+        return size
+
+    def decompress(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            try:
+                out.append(self.frame.decompress(data))
+            except self.error as error:
+                raise OSError(f"not Zstandard data ({error})") from None
+            self.inside = not self.frame.eof
+            data = self.frame.unused_data if self.frame.eof else b""
+            if self.frame.eof:
+                self.frame = self.new()
+        return b"".join(out)
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
 
 
 def held(start: bytes) -> str | None:

@@ -40,8 +40,8 @@ from attnlab.data.tokenizer import EOS_ID
 
 IN_FLIGHT = 2  # units per worker submitted ahead of the one being written
 PROGRESS = "progress.json"
-COUNTS = ("units", "characters", "tokens", "unknown")  # what progress.json records, and the
-CHECK_TOKENS = 1 << 20  # SHA-256 of the ids written; ids read at a time to check it on resume
+COUNTS = ("units", "characters", "tokens", "unknown")  # progress.json's, beside a SHA-256
+CHECK_TOKENS = 1 << 20  # ids read at a time to check that SHA-256 on resume
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 

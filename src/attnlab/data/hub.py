@@ -101,13 +101,14 @@ def offline_hint(revision: str | None, built: list[str], streams: Path) -> str:
     other = "or task.data.source=corpus task.data.dir=<directory of corpus files>"
     if not built:
         return (
-            f"no stream of it is built in {streams}: run the same command once with network "
-            f"to build it (it is then read without network), {other}"
+            f"no stream of it is built in {streams}: run the same command once with network, "
+            "then pass the commit its lines name (task.data.revision=<40 hex digits>) to read "
+            f"it without network, {other}"
         )
     asked = (
         f"task.data.revision={revision} is not built in {streams}"
         if revision and COMMIT.fullmatch(revision)
-        else f"task.data.revision={revision} names a commit only the hub knows"
+        else f"only the hub knows the commit of task.data.revision={revision or 'null'}"
     )
     return (
         f"{asked}; without network, pass task.data.revision=<a commit built there: "

@@ -35,6 +35,7 @@ from attnlab.data.encoding import (
     reservoir,
     text_units,
 )
+from attnlab.data.record import write_record
 from attnlab.data.tokenizer import EOS_ID
 from attnlab.errors import ConfigError
 from attnlab.runner.run import build_datamodule
@@ -337,6 +338,25 @@ def test_a_progress_file_that_disagrees_with_its_ids_is_said_and_the_stream_buil
         ) in result.stderr, name
         assert "): encoding it again from the start" in result.stderr
         assert stream_ids(cache) == stream_ids(tmp_path / "whole"), name
+
+
+def test_a_stream_an_older_attnlab_sealed_with_0_tokens_is_built_again(tmp_path, capsys):
+    """Sealed as an older attnlab sealed it from an edited progress.json: ids.bin empty,
+    meta.json counting 0 tokens, the record matching both."""
+    corpus = write_corpus(tmp_path / "corpus")
+    held_out = ("task.data.val_tokens=3", "task.data.test_tokens=0")
+    settings = corpus_settings(corpus, tmp_path / "cache", *held_out)
+    attnlab(["tokenize", *settings])
+    (entry,) = (p for p in (tmp_path / "cache" / "streams").iterdir() if p.is_dir())
+    ids = (entry / "ids.bin").read_bytes()
+    meta = json.loads((entry / "meta.json").read_text())
+    (entry / "ids.bin").write_bytes(b"")
+    (entry / "meta.json").write_text(json.dumps({**meta, "tokens": 0, "unknown": 0}))
+    write_record(entry)
+    capsys.readouterr()
+    attnlab(["tokenize", *settings])
+    assert capsys.readouterr().out.startswith(f"train: {meta['tokens'] - 3:,} tokens")
+    assert (entry / "ids.bin").read_bytes() == ids
 
 
 def children(pid: int) -> list[int]:

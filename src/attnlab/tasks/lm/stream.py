@@ -249,8 +249,21 @@ def open_stream(
         entry,
         lambda partial: write_stream(partial, units, tokenizer, full, source, workers),
         resumable=True,
+        unusable=sealed_empty,
     )
     return Stream(entry), built
+
+
+def sealed_empty(entry: Path) -> str | None:
+    """Why a stream entry of 0 tokens, which attnlab seals no longer (an older one did, from
+    an edited progress.json), is built again; None for any other entry."""
+    meta = json.loads((entry / "meta.json").read_text())
+    empty = meta.get("present") and meta.get("tokens") == 0
+    return (
+        "sealed with 0 tokens (by an attnlab that did not check a build's progress)"
+        if empty
+        else None
+    )
 
 
 def windows(n_targets: int, length: int, stride: int) -> list[Window]:

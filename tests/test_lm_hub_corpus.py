@@ -5,6 +5,9 @@ documents. The hub is replaced where the loader meets it (the commit probe and
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -12,7 +15,7 @@ import datasets
 import huggingface_hub
 import numpy as np
 import pytest
-from helpers import compose_config
+from helpers import ROOT, compose_config
 from test_lm_corpus import corpus_settings, many_documents
 
 from attnlab.errors import ConfigError
@@ -101,9 +104,45 @@ def test_a_stream_is_keyed_by_its_commit_and_found_again_offline(tmp_path, monke
 def test_an_unreachable_hub_is_one_sentence_at_once(tmp_path, monkeypatch):
     Hub(monkeypatch, commit=OSError("[Errno -2] Name or service not known"))
     started = time.perf_counter()
-    with pytest.raises(ConfigError, match=r"could not reach 'org/corpus'.*40-hex commit"):
+    with pytest.raises(
+        ConfigError, match=r"could not reach 'org/corpus'.*no stream of it is built"
+    ):
         prepared(hub_settings(tmp_path / "cache"), tmp_path)
     assert time.perf_counter() - started < 5
+
+
+@pytest.mark.slow
+def test_offline_a_revision_never_built_names_the_commits_built(tmp_path, monkeypatch):
+    """`attnlab tokenize` without network (HF_HUB_OFFLINE=1): a commit never built names the
+    one that is, and passing that one, as it says, reads the stream built with network."""
+    Hub(monkeypatch)
+    cache = tmp_path / "cache"
+    prepared(hub_settings(cache), tmp_path)  # built at COMMIT with the network
+
+    def tokenize(revision: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [
+                sys.executable, "-m", "attnlab.commands.cli", "tokenize",
+                *hub_settings(cache, f"task.data.revision={revision}"),
+            ],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )  # fmt: skip
+
+    never = tokenize(LATER)
+    assert never.returncode == 1 and "Traceback" not in never.stderr, never.stderr[-2000:]
+    assert (
+        never.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"): task.data.revision={LATER} is not built in {cache / 'streams'}; without network, "
+            f"pass task.data.revision=<a commit built there: {COMMIT}>, or task.data.source=corpus "
+            "task.data.dir=<directory of corpus files>"
+        )
+    )
+    followed = tokenize(COMMIT)
+    assert followed.returncode == 0, followed.stderr[-2000:]
+    assert f"at commit {COMMIT} (train)) in " in followed.stdout
 
 
 def test_rows_without_the_text_column_are_named(tmp_path, monkeypatch):

@@ -10,11 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import ROOT, fill
 from PIL import Image
+from test_lm_corpus import corpus_settings, many_documents
 
 from attnlab.runner import status
 
@@ -73,6 +75,40 @@ def test_a_full_disk_ends_in_one_sentence_with_the_last_checkpoint_whole(small_d
     resumed = train_py(f"run_dir={run_dir}")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert torch.load(last, weights_only=True)["global_step"] > saved["global_step"]
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_tokenize_in_one_sentence_and_the_rerun_builds_the_same_stream(
+    small_disk, tmp_path
+):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n".join(many_documents(40_000)) + "\n")  # 2.5 MB of ids
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * 2**20)
+
+    def tokenize(cache: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "attnlab.commands.cli", "tokenize", *corpus_settings(corpus, cache)],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    streams = small_disk / "cache" / "streams"
+    sentence = one_sentence(tokenize(small_disk / "cache"))
+    assert sentence.startswith(f"attnlab: could not write {streams} (No space left on device, ")
+    assert sentence.endswith(
+        " MiB free there): free space there; then run the same command again, and the build "
+        "goes on where it stopped"
+    )
+    sealed = [path for path in streams.iterdir() if (path / "meta.json").exists()]
+    assert sealed == [], "no stream sealed half written"
+
+    filler.unlink()
+    rerun = tokenize(small_disk / "cache")
+    roomy = tokenize(tmp_path / "roomy")
+    assert rerun.returncode == roomy.returncode == 0, rerun.stderr[-2000:]
+    ((ids,), (roomy_ids,)) = (streams.glob("*/ids.bin"), tmp_path.glob("roomy/streams/*/ids.bin"))
+    assert ids.read_bytes() == roomy_ids.read_bytes()
 
 
 @pytest.mark.parametrize(

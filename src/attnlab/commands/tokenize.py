@@ -10,7 +10,7 @@ from __future__ import annotations
 from hydra.errors import HydraException
 from omegaconf import DictConfig
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, MachineError, refused_by_machine
 from attnlab.runner.job import compose_run, job_config
 from attnlab.runner.run import build_datamodule
 from attnlab.tasks.lm.data import LMDataModule
@@ -25,14 +25,22 @@ def composed(overrides: list[str]) -> DictConfig:
 
 
 def tokenize(overrides: list[str]) -> list[str]:
-    """Build the tokenizer and every split's stream; a line for each split."""
+    """Build the tokenizer and every split's stream; a line for each split. A disk that
+    fills up is one sentence (a MachineError), and what was written is kept to go on from."""
     data = build_datamodule(composed(overrides))
     if not isinstance(data, LMDataModule):
         raise ConfigError(
             "attnlab tokenize prepares a language model's data: pass task=lm (or an "
             "experiment=lm_* config) and its task.data settings"
         )
-    data.prepare_data()
+    try:
+        data.prepare_data()
+    except OSError as error:
+        if (refusal := refused_by_machine(error, data.cache / "streams")) is None:
+            raise
+        raise MachineError(
+            f"{refusal}; then run the same command again, and the build goes on where it stopped"
+        ) from None
     lines = []
     for split in data.splits:
         stream = data.stream(split)

@@ -7,11 +7,14 @@ machine without network stops at once with a ConfigError carrying the caller's `
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
 from attnlab.errors import ConfigError
 
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a revision that is a commit, which needs no hub to resolve
 HUB_TIMEOUT_S = 10.0
 HUB_BATCH = 1_000  # rows read from an Arrow table at a time
 HUB_SPLIT_NAMES = {"train": ("train",), "valid": ("validation", "valid", "dev"), "test": ("test",)}
@@ -74,3 +77,40 @@ def stream_hub(dataset: str, subset: str | None, commit: str, split: str, hint: 
         raise ConfigError(f"hub dataset {dataset!r} ({subset}): {error}") from None
     except ConnectionError as error:
         raise unreachable(dataset, error, hint) from None
+
+
+def built_commits(streams: Path, identity: dict[str, Any]) -> list[str]:
+    """The commits at which the streams cached in `streams` (each entry's meta.json names
+    what it was built from) hold the corpus `identity` (its "commit" aside), sorted."""
+    found = set()
+    for meta in streams.glob("*/meta.json"):
+        if meta.parent.name.endswith(".partial"):
+            continue
+        try:
+            built = json.loads(meta.read_text())["identity"]["split"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(built, dict) and {**built, "commit": None} == identity:
+            found.add(str(built["commit"]))
+    return sorted(found)
+
+
+def offline_hint(revision: str | None, built: list[str], streams: Path) -> str:
+    """What a hub corpus asked for at `revision` can do without network, given the commits
+    `built` in `streams`: pass one of them, or build it once with network."""
+    other = "or task.data.source=corpus task.data.dir=<directory of corpus files>"
+    if not built:
+        return (
+            f"no stream of it is built in {streams}: run the same command once with network, "
+            "then pass the commit its lines name (task.data.revision=<40 hex digits>) to read "
+            f"it without network, {other}"
+        )
+    asked = (
+        f"task.data.revision={revision} is not built in {streams}"
+        if revision and COMMIT.fullmatch(revision)
+        else f"only the hub knows the commit of task.data.revision={revision or 'null'}"
+    )
+    return (
+        f"{asked}; without network, pass task.data.revision=<a commit built there: "
+        f"{', '.join(built)}>, {other}"
+    )

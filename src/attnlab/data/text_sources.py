@@ -7,7 +7,6 @@ lies in its stream, and the lines a tokenizer is trained on.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from functools import cached_property
@@ -20,13 +19,20 @@ from attnlab.config.values import is_number, require_counts
 from attnlab.data.digest import file_digest
 from attnlab.data.documents import corpus_files, read_documents
 from attnlab.data.encoding import Unit, document_units, reservoir, text_units
-from attnlab.data.hub import HUB_SPLIT_NAMES, load_hub, probe_hub, stream_hub
+from attnlab.data.hub import (
+    COMMIT,
+    HUB_SPLIT_NAMES,
+    built_commits,
+    load_hub,
+    offline_hint,
+    probe_hub,
+    stream_hub,
+)
 from attnlab.data.text import read_text
 from attnlab.data.tokenizer import cut
 from attnlab.errors import ConfigError
 
 SOURCES = ("hub", "local", "corpus", "hub_corpus")
-COMMIT = re.compile(r"[0-9a-f]{40}")
 UNIT_CHARACTERS = 1 << 22  # text handed to a tokenizing process at a time
 SPLITS = ("train", "valid", "test")
 SAMPLE_SEED = 0  # the SentencePiece training sample of lines: fixed across run seeds
@@ -72,10 +78,10 @@ class RunningText(ABC):
 
     def training_text(self) -> str:
         text = self.text("train")
-        if not text:
+        if not text or text.isspace():
             raise ConfigError(
-                f"{self.describe('train')} is missing or empty: a vocabulary and a model need "
-                "training text"
+                f"{self.describe('train')} is missing or holds no text (it is empty or only "
+                "whitespace): a vocabulary and a model need training text"
             )
         return text
 
@@ -218,8 +224,13 @@ class Documents(ABC):
     @abstractmethod
     def identity(self, split: str) -> dict[str, Any]: ...
 
+    @property
     @abstractmethod
-    def describe(self, split: str) -> str: ...
+    def name(self) -> str:
+        """The corpus, in words."""
+
+    def describe(self, split: str) -> str:
+        return f"{self.name} ({split})"
 
     def units(self, split: str) -> Iterator[Unit]:
         return document_units(self.documents(), UNIT_CHARACTERS)
@@ -243,7 +254,13 @@ class Documents(ABC):
             if line.strip()
             for piece in cut(line)
         )
-        return reservoir(every, lines, np.random.default_rng(SAMPLE_SEED))
+        sample = reservoir(every, lines, np.random.default_rng(SAMPLE_SEED))
+        if not sample:
+            raise ConfigError(
+                f"{self.name} holds no text (every document is empty or only whitespace): a "
+                "vocabulary and a model need training text"
+            )
+        return sample
 
     def vocabulary_text(self, lines: int) -> str:
         return "\n".join(self.sample_lines(lines))
@@ -267,8 +284,9 @@ class DocumentCorpus(Documents):
         ]
         return {"source": "corpus", "column": self.column, "files": files}
 
-    def describe(self, split: str) -> str:
-        return f"the corpus in {self.directory} ({split})"
+    @property
+    def name(self) -> str:
+        return f"the corpus in {self.directory}"
 
     def documents(self) -> Iterator[str]:
         for path in self.files:
@@ -284,17 +302,31 @@ class HubCorpus(Documents):
     stream built before is found offline."""
 
     def __init__(
-        self, hub: tuple[str | None, str | None, str | None, str], val_tokens: int, test_tokens: int
+        self,
+        hub: tuple[str | None, str | None, str | None, str],
+        val_tokens: int,
+        test_tokens: int,
+        streams: Path,
     ) -> None:
         super().__init__(val_tokens, test_tokens)
         dataset, self.subset, self.revision, self.column = hub
         if not dataset:
             raise ConfigError("task.data.source=hub_corpus needs task.data.dataset=<hub name>")
         self.dataset: str = dataset
-        self.hint = (
-            "without network, pass task.data.revision=<the 40-hex commit of a stream built "
-            "before>, or task.data.source=corpus task.data.dir=<directory of corpus files>"
-        )
+        self.streams = streams
+
+    @cached_property
+    def hint(self) -> str:
+        """What to do without network: the commits whose streams this cache holds, which
+        need no network, or else to build one once with it."""
+        same = self.identity_at(None)
+        return offline_hint(self.revision, built_commits(self.streams, same), self.streams)
+
+    def identity_at(self, commit: str | None) -> dict[str, Any]:
+        return {
+            "source": "hub_corpus", "dataset": self.dataset, "subset": self.subset,
+            "commit": commit, "column": self.column,
+        }  # fmt: skip
 
     @cached_property
     def commit(self) -> str:
@@ -303,13 +335,11 @@ class HubCorpus(Documents):
         return probe_hub(self.dataset, self.revision, self.hint)
 
     def identity(self, split: str) -> dict[str, Any]:
-        return {
-            "source": "hub_corpus", "dataset": self.dataset, "subset": self.subset,
-            "commit": self.commit, "column": self.column,
-        }  # fmt: skip
+        return self.identity_at(self.commit)
 
-    def describe(self, split: str) -> str:
-        return f"hub dataset {self.dataset} ({self.subset}) at commit {self.commit} ({split})"
+    @property
+    def name(self) -> str:
+        return f"hub dataset {self.dataset} ({self.subset}) at commit {self.commit}"
 
     def documents(self) -> Iterator[str]:
         rows = stream_hub(self.dataset, self.subset, self.commit, "train", self.hint)
@@ -356,7 +386,11 @@ def make_source(
                 f"task.data.source={source} reads no task.data.dir or task.data.file: drop "
                 "them, or pass task.data.source=local (or corpus, for a directory) to read them"
             )
-        return HubText(*hub, cache / "hf") if source == "hub" else HubCorpus(hub, *held_out)
+        return (
+            HubText(*hub, cache / "hf")
+            if source == "hub"
+            else HubCorpus(hub, *held_out, cache / "streams")
+        )
     if (directory is None) == (file is None):
         raise ConfigError(
             "task.data.source=local needs one of task.data.dir=<directory of "

@@ -51,7 +51,12 @@ def cache_key(identity: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def build_once(directory: Path, build: Callable[[Path], None], resumable: bool = False) -> bool:
+def build_once(
+    directory: Path,
+    build: Callable[[Path], None],
+    resumable: bool = False,
+    unusable: Callable[[Path], str | None] | None = None,
+) -> bool:
     """Create `directory` by calling `build(partial_directory)` unless it exists already.
 
     An existing entry is checked against its record (attnlab.data.record) and, if whole,
@@ -61,14 +66,15 @@ def build_once(directory: Path, build: Callable[[Path], None], resumable: bool =
     the first builds, the others wait and reuse it); the final rename means an interrupted
     build never leaves an entry that looks complete. With `resumable`, what an interrupted
     build left in the partial directory is kept for `build` to go on from (it checks it).
-    Returns whether it built the entry.
+    `unusable` says why an entry that matches its record must still be rebuilt (one that an
+    older attnlab sealed wrongly), or None. Returns whether it built the entry.
     """
-    problem = entry_problem(directory)
+    problem = entry_problem(directory, unusable)
     if problem is None:
         return False
     lock = acquire_build_lock(directory, problem)
     try:
-        problem = entry_problem(directory)
+        problem = entry_problem(directory, unusable)
         if problem is None:
             return False  # another process built it while this one waited
         if problem != MISSING:
@@ -95,12 +101,17 @@ def build_once(directory: Path, build: Callable[[Path], None], resumable: bool =
 MISSING = "missing"
 
 
-def entry_problem(directory: Path) -> str | None:
-    """None for a whole entry; else why it must be built: MISSING, or damaged and how."""
+def entry_problem(
+    directory: Path, unusable: Callable[[Path], str | None] | None = None
+) -> str | None:
+    """None for a whole entry; else why it must be built: MISSING, damaged and how, or
+    what `unusable` finds."""
     if not directory.is_dir():
         return MISSING
     damage = record_problem(directory)
-    return None if damage is None else f"damaged ({damage})"
+    if damage is not None:
+        return f"damaged ({damage})"
+    return None if unusable is None else unusable(directory)
 
 
 def acquire_build_lock(directory: Path, problem: str) -> FileLock:

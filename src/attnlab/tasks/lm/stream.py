@@ -220,7 +220,8 @@ def write_stream(
     workers: int,
 ) -> None:
     """Tokenize `units()` (None: the split is absent) into `directory`, in `workers`
-    processes, going on from what a killed build left there (attnlab.data.encoding)."""
+    processes, going on from what a killed build left there (attnlab.data.encoding); a
+    ConfigError for a split without text, which is not sealed."""
     meta: dict[str, Any] = {"identity": identity, "source": source}
     found = units()
     if found is None:
@@ -229,7 +230,17 @@ def write_stream(
     dtype = ids_dtype(tokenizer.vocab_size)
     stored = {"kind": tokenizer.kind, "model": tokenizer.serialized()}
     encoder = Encoder(restore_tokenizer, stored, dtype, tokenizer.unk_id)
-    counts = encode_units(directory, found, encoder, workers, source)
+    pending = [found]  # read already; a build that starts again reads them again
+
+    def again() -> Iterable[Unit]:
+        return pending.pop() if pending else units() or ()
+
+    counts = encode_units(directory, again, encoder, workers, source)
+    if counts["tokens"] == 0:
+        raise ConfigError(
+            f"{source} holds no text (0 tokens), and a stream of none is not cached: give it "
+            "text, or leave out a split that has none (test.txt, a third task.data.fractions)"
+        )
     meta.update(
         present=True, tokens=counts["tokens"], characters=counts["characters"],
         unknown=counts["unknown"], dtype=dtype,
@@ -253,8 +264,21 @@ def open_stream(
         entry,
         lambda partial: write_stream(partial, units, tokenizer, full, source, workers),
         resumable=True,
+        unusable=sealed_empty,
     )
     return Stream(entry), built
+
+
+def sealed_empty(entry: Path) -> str | None:
+    """Why a stream entry of 0 tokens, which attnlab seals no longer (an older one did, from
+    an edited progress.json), is built again; None for any other entry."""
+    meta = json.loads((entry / "meta.json").read_text())
+    empty = meta.get("present") and meta.get("tokens") == 0
+    return (
+        "sealed with 0 tokens (by an attnlab that did not check a build's progress)"
+        if empty
+        else None
+    )
 
 
 def windows(n_targets: int, length: int, stride: int) -> list[Window]:

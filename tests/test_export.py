@@ -17,7 +17,8 @@ from test_lm_generation import ATTNLAB, generated, save_lm_checkpoint
 
 from attnlab.commands.cli import main
 from attnlab.errors import ConfigError
-from attnlab.stored import CONFIG, WEIGHTS, digest, export, read_checkpoint
+from attnlab.export import export
+from attnlab.stored import CONFIG, WEIGHTS, digest, read_checkpoint
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@
 config.json lists the tokenizer files with their SHA-256: one missing, changed or not
 listed is refused when the directory is read, and so is a file that is not a regular file of
 the directory's own (a link out of it). A tokenizer, an export's or a checkpoint's, must fit
-the model it is loaded with: as many tokens as its embedding, the special ids it reads. An
-export is written into a hidden sibling directory and renamed into place: whole, or not there.
+the model it is loaded with: as many tokens as its embedding, the special ids it reads.
+attnlab.export writes such a directory.
 
 Both read as data only: a checkpoint with `weights_only` (tensors and plain data), a
 directory as JSON, safetensors and SentencePiece bytes, so loading either runs no code.
@@ -29,17 +29,15 @@ import functools
 import hashlib
 import inspect
 import json
-import os
 import pickle
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from attnlab.config.build import own_class
 from attnlab.data.tokenizer import VOCABULARY_KEY
-from attnlab.errors import ConfigError, MachineError, refused_by_machine
+from attnlab.errors import ConfigError
 from attnlab.tasks.lm.stream import TOKENIZER_KEY
 
 RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
@@ -228,89 +226,6 @@ def read_tokenizers(directory: Path) -> dict[str, Any]:
         if (directory / name).is_file():
             return {TOKENIZER_KEY: {"kind": kind, "model": (directory / name).read_bytes()}}
     return {}  # a model that reads no text (the probe, the synthetic tasks)
-
-
-def tokenizer_files(checkpoint: dict[str, Any]) -> dict[str, bytes]:
-    """The files holding a checkpoint's tokenizers, by name."""
-    if VOCABULARY_KEY in checkpoint:
-        source, target = checkpoint[VOCABULARY_KEY]
-        return {SOURCE: source} | ({} if target == source else {TARGET: target})
-    if TOKENIZER_KEY in checkpoint:
-        stored = checkpoint[TOKENIZER_KEY]
-        return {TOKENIZER_FILES[stored["kind"]]: stored["model"]}
-    return {}
-
-
-def shared_once(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The tensors of `state`, each memory stored once (safetensors refuses shared memory),
-    and the names that repeat an earlier one: {name: name of the tensor kept}."""
-    kept: dict[str, Any] = {}
-    aliases: dict[str, str] = {}
-    seen: dict[tuple, str] = {}
-    for name, tensor in state.items():
-        place = (
-            tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-            tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype,
-        )  # fmt: skip
-        if place in seen:
-            aliases[name] = seen[place]
-        else:
-            seen[place] = name
-            kept[name] = tensor.detach().clone().contiguous()  # a storage of its own
-    return kept, aliases
-
-
-def export(ckpt_path: str, out: str) -> list[str]:
-    """Write the model of `ckpt_path` into the new directory `out`; the files written."""
-    if Path(ckpt_path).is_dir():
-        raise ConfigError(f"{ckpt_path} is an export already: pass a checkpoint file")
-    checkpoint = read_checkpoint(ckpt_path)
-    target = Path(out)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ConfigError(f"out={out} already exists and is not empty: pass a new directory")
-    files = tokenizer_files(checkpoint)
-    config = {
-        **FORMAT,
-        "hyper_parameters": checkpoint.get("hyper_parameters", {}),
-        "run": checkpoint[RECORD_KEY],
-        "files": {name: digest(model) for name, model in files.items()},
-    }
-    try:
-        text = json.dumps(config, indent=1, ensure_ascii=False)
-    except TypeError as error:  # a value JSON cannot hold: the checkpoint is not train.py's
-        raise ConfigError(f"{ckpt_path} holds settings JSON cannot hold ({error})") from None
-    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
-    try:
-        write_export(partial, target, checkpoint, text, files)
-    except OSError as error:
-        shutil.rmtree(partial, ignore_errors=True)  # before the free space is measured
-        refusal = refused_by_machine(OSError(error.errno, error.strerror, str(target)))
-        if refusal is not None:
-            raise MachineError(f"{refusal}, then export again (nothing of it was left)") from None
-        raise ConfigError(
-            f"cannot write the export into {out} ({error.strerror or error}): pass out= a new "
-            "directory in a place you can write to, with room for the model"
-        ) from None
-    return sorted(path.name for path in target.iterdir())
-
-
-def write_export(
-    partial: Path, target: Path, checkpoint: dict[str, Any], text: str, files: dict[str, bytes]
-) -> None:
-    """Write the export into `partial`, then rename it to `target` (whole or not at all).
-    The weights are serialized in memory and written here, so that a full disk is the
-    OSError it is (safetensors' own writer reports it as a SafetensorError, in words)."""
-    from safetensors.torch import save
-
-    partial.mkdir(parents=True)
-    tensors, aliases = shared_once(checkpoint["state_dict"])
-    (partial / WEIGHTS).write_bytes(save(tensors, metadata={"aliases": json.dumps(aliases)}))
-    (partial / CONFIG).write_text(text + "\n", encoding="utf-8")
-    for name, model in files.items():
-        (partial / name).write_bytes(model)
-    if target.exists():
-        target.rmdir()  # empty (checked above)
-    partial.rename(target)
 
 
 def rebuild(system_class: type[S], checkpoint: dict[str, Any], changes: dict[str, Any]) -> S:

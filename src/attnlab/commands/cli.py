@@ -135,7 +135,7 @@ def parser() -> argparse.ArgumentParser:
 def print_exported(args: list[str]) -> None:
     from attnlab.commands.arguments import parse_setting
     from attnlab.commands.files import check_output
-    from attnlab.stored import export
+    from attnlab.export import export
 
     names = ("ckpt_path", "out")
     settings = dict(parse_setting(a, "export", names, names, names.__contains__) for a in args)

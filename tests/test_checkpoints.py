@@ -23,11 +23,11 @@ from attnlab.runner.checkpoints import AtomicCheckpointIO, LatestCheckpoint
 from attnlab.runner.resume import (
     RECORD_KEY,
     allowed_overrides,
-    check_same_model,
     for_callbacks_chosen,
     read_checkpoint,
     stored_overrides,
 )
+from attnlab.runner.same_model import check_same_model
 
 SHM = Path("/dev/shm")
 

@@ -16,7 +16,7 @@ from attnlab.config.build import build
 from attnlab.config.options import variant
 from attnlab.errors import ConfigError
 from attnlab.pe.p_rope import PRoPE
-from attnlab.runner.resume import evaluation_options
+from attnlab.runner.same_model import evaluation_options
 
 D = SHAPE.head_dim  # 8: four pairs
 

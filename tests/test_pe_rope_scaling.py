@@ -24,11 +24,8 @@ from attnlab.config.options import variant
 from attnlab.errors import ConfigError
 from attnlab.model.transformer import attention_mask
 from attnlab.pe.rope import RoPE, inverse_frequencies, rotate, yarn_temperature
-from attnlab.runner.resume import (
-    RECORD_KEY,
-    check_same_model,
-    evaluation_options,
-)
+from attnlab.runner.resume import RECORD_KEY
+from attnlab.runner.same_model import check_same_model, evaluation_options
 from attnlab.runner.train import train
 
 D = SHAPE.head_dim

@@ -34,7 +34,7 @@ from attnlab.decoding.decoder_only import (
 )  # fmt: skip
 from attnlab.errors import ConfigError
 from attnlab.pe.base import PositionalEncoding
-from attnlab.runner.resume import evaluation_options, with_settings
+from attnlab.runner.same_model import evaluation_options, with_settings
 from attnlab.stored import load_system, nested
 
 if TYPE_CHECKING:

@@ -33,13 +33,8 @@ from attnlab.runner import status
 from attnlab.runner.job import run_composed
 from attnlab.runner.lock import check_contained
 from attnlab.runner.preflight import check_setting_keys
-from attnlab.runner.resume import (
-    argument,
-    check_same_model,
-    evaluation_arguments,
-    evaluation_options,
-    with_settings,
-)
+from attnlab.runner.resume import argument, evaluation_arguments
+from attnlab.runner.same_model import check_same_model, evaluation_options, with_settings
 from attnlab.stored import RECORD_KEY, read_checkpoint, rebuild
 from attnlab.tensors import flush_denormals
 

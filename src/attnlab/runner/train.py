@@ -53,13 +53,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     from attnlab.runner import run, status
     from attnlab.runner.checkpoints import RunRecord
-    from attnlab.runner.resume import (
-        RECORD_KEY,
-        absolute_locations,
-        check_same_model,
-        read_checkpoint,
-        run_directory,
-    )
+    from attnlab.runner.resume import RECORD_KEY, absolute_locations, read_checkpoint, run_directory
+    from attnlab.runner.same_model import check_same_model
 
     run.quiet_library_noise()
     output_dir = run.resolve_output_dir(cfg)

@@ -37,6 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from attnlab.data.tokenizer import EOS_ID
+from attnlab.files import write_text
 
 IN_FLIGHT = 2  # units per worker submitted ahead of the one being written
 PROGRESS = "progress.json"
@@ -264,9 +265,7 @@ def encode_units(
 
 
 def write_progress(directory: Path, progress: Progress) -> None:
-    partial = directory / f".{PROGRESS}"
-    partial.write_text(json.dumps(progress.recorded()))
-    partial.replace(directory / PROGRESS)
+    write_text(directory / PROGRESS, json.dumps(progress.recorded()))
 
 
 def encoded_in_order(

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from attnlab.data.tokenizer import VOCABULARY_KEY
+from attnlab.data.tokenizer import TOKENIZER_KEY, VOCABULARY_KEY
 from attnlab.errors import ConfigError, MachineError, refused_by_machine
 from attnlab.stored import (
     CONFIG,
@@ -24,7 +24,6 @@ from attnlab.stored import (
     digest,
     read_checkpoint,
 )
-from attnlab.tasks.lm.stream import TOKENIZER_KEY
 
 
 def tokenizer_files(checkpoint: dict[str, Any]) -> dict[str, bytes]:

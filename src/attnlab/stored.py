@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from attnlab.config.build import own_class
-from attnlab.data.tokenizer import VOCABULARY_KEY
+from attnlab.data.tokenizer import TOKENIZER_KEY, VOCABULARY_KEY
 from attnlab.errors import ConfigError
-from attnlab.tasks.lm.stream import TOKENIZER_KEY
 
 RECORD_KEY = "attnlab"  # checkpoint entry holding the run's overrides and resolved config
 WEIGHTS, CONFIG = "model.safetensors", "config.json"

@@ -152,7 +152,7 @@ def load_language_model(path: str, pe_settings: dict[str, Any] | None = None) ->
     """The language model system a checkpoint holds, in eval mode, on the CPU (as
     `load_system` rebuilds it), with `pe_settings` ({"pe.scaling": "yarn", ...}) set in its
     architecture."""
-    from attnlab.tasks.lm.stream import TOKENIZER_KEY
+    from attnlab.data.tokenizer import TOKENIZER_KEY
     from attnlab.tasks.lm.system import LMSystem
 
     def changes(stored: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,10 @@ record (attnlab.data.record): a damaged model file is found and the model retrai
 Special ids are fixed so that every model, batch and decoder agrees on them:
 pad 0, unk 1, bos 2, eos 3.
 
+A language model's tokenizer, of either kind (`attnlab.tasks.lm.stream`), is a
+`StreamTokenizer`, stored in a checkpoint under `TOKENIZER_KEY`: what generation, exports and
+checkpoints read of it without the language model's data.
+
 `cache_key` and `build_once` are the disk-cache primitives that the token cache
 (`attnlab.data.cache`) shares.
 """
@@ -28,8 +32,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import sentencepiece as spm
 from filelock import FileLock, Timeout
 
@@ -234,6 +239,27 @@ class Tokenizers(NamedTuple):
 
 
 VOCABULARY_KEY = "tokenizers"  # checkpoint entry: Tokenizers.serialized()
+TOKENIZER_KEY = "lm_tokenizer"  # a language model's checkpoint entry: {"kind": ..., "model": bytes}
+
+
+class StreamTokenizer(Protocol):
+    """What a language model's data and generation need from a tokenizer (its kinds, char and
+    sentencepiece: attnlab.tasks.lm.stream)."""
+
+    kind: str  # "char" or "sentencepiece": what `tasks.lm.stream.restore_tokenizer` rebuilds from the bytes
+    key: str  # what stream caches are keyed by
+    unk_id: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def special_ids(self) -> Mapping[str, int]: ...
+
+    def encode(self, text: str) -> np.ndarray: ...
+
+    def decode(self, ids: Any) -> str: ...
+
+    def serialized(self) -> bytes: ...
 
 
 def from_serialized(model: bytes, directory: Path) -> Tokenizer:

@@ -25,7 +25,7 @@ from attnlab.memory import check_forward, check_free
 from attnlab.model.transformer import DecoderLM
 
 if TYPE_CHECKING:
-    from attnlab.tasks.lm.stream import StreamTokenizer
+    from attnlab.data.tokenizer import StreamTokenizer
 
 LM_STRATEGIES = ("greedy", "top_k", "nucleus")
 DEFAULT_NEW_TOKENS = 200

@@ -39,15 +39,20 @@ from attnlab.data.loader import ResumableLoader
 from attnlab.data.task import NON_OVERLAPPING, WINDOWS, TaskData, Windows
 from attnlab.data.text import available_cores
 from attnlab.data.text_sources import SPLITS, make_source
-from attnlab.data.tokenizer import TokenizerSettings, build_once, cache_key, load_or_train
+from attnlab.data.tokenizer import (
+    TOKENIZER_KEY,
+    StreamTokenizer,
+    TokenizerSettings,
+    build_once,
+    cache_key,
+    load_or_train,
+)
 from attnlab.errors import ConfigError
 from attnlab.tasks.lm.stream import (
-    TOKENIZER_KEY,
     CharTokenizer,
     EvalWindows,
     PieceTokenizer,
     Stream,
-    StreamTokenizer,
     TrainWindows,
     WindowSampler,
     open_stream,

@@ -33,7 +33,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +47,7 @@ from attnlab.data.tokenizer import (
     EOS_ID,
     SPECIAL_IDS,
     UNK_ID,
+    StreamTokenizer,
     Tokenizer,
     build_once,
     cache_key,
@@ -55,25 +56,6 @@ from attnlab.errors import ConfigError
 
 SPECIALS = 4  # pad, unk, bos, eos: the ids every tokenizer of the project reserves
 Window = tuple[int, int, int]  # start, end, first scored prediction
-
-
-class StreamTokenizer(Protocol):
-    """What a language model's data and generation need from a tokenizer."""
-
-    kind: str  # "char" or "sentencepiece": what `restore_tokenizer` rebuilds from the bytes
-    key: str  # what stream caches are keyed by
-    unk_id: int
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    def special_ids(self) -> Mapping[str, int]: ...
-
-    def encode(self, text: str) -> np.ndarray: ...
-
-    def decode(self, ids: Any) -> str: ...
-
-    def serialized(self) -> bytes: ...
 
 
 class CharTokenizer:
@@ -144,9 +126,6 @@ class PieceTokenizer:
                 line.append(i)
         texts = [self.model.processor.decode(part) for part in [*lines, line]]
         return "\n".join(texts)
-
-
-TOKENIZER_KEY = "lm_tokenizer"  # checkpoint entry: {"kind": ..., "model": bytes}
 
 
 def restore_tokenizer(stored: Any) -> StreamTokenizer:

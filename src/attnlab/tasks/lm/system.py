@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from attnlab.config.values import require_counts
 from attnlab.data.task import NON_OVERLAPPING, WINDOWS, TaskData, WindowBatch, Windows
-from attnlab.data.tokenizer import SPECIAL_IDS
+from attnlab.data.tokenizer import SPECIAL_IDS, TOKENIZER_KEY, StreamTokenizer
 from attnlab.decoding.decoder_only import continuations
 from attnlab.decoding.encoder_decoder import DecodeConfig
 from attnlab.errors import ConfigError
@@ -47,7 +47,7 @@ from attnlab.plots import save
 from attnlab.systems.base import System, Vocabulary
 from attnlab.systems.optim import Optim
 from attnlab.tasks.lm.report import lm_length_figures
-from attnlab.tasks.lm.stream import TOKENIZER_KEY, StreamTokenizer, restore_tokenizer
+from attnlab.tasks.lm.stream import restore_tokenizer
 
 log = logging.getLogger(__name__)
 LN2 = math.log(2)

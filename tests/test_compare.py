@@ -19,7 +19,7 @@ from wandb_records import read_offline_run
 from attnlab.compare.report import compare
 from attnlab.compare.runs import read_run
 from attnlab.errors import ConfigError
-from attnlab.runner.status import RunStatus
+from attnlab.status import RunStatus
 
 TINY = ["model=tiny", "task.data.train_size=128", "task.data.max_len=8", "trainer.max_epochs=2"]
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]

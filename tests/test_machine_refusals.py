@@ -18,7 +18,7 @@ from helpers import ROOT, fill
 from PIL import Image
 from test_lm_corpus import corpus_settings, many_documents
 
-from attnlab.runner import status
+from attnlab import status
 
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
 

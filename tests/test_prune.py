@@ -11,10 +11,10 @@ import torch
 from conftest import QUIET
 from helpers import compose_config
 
+from attnlab import status
 from attnlab.commands.cli import main as attnlab
 from attnlab.commands.prune import TRAINING_STATE, prune
 from attnlab.errors import ConfigError
-from attnlab.runner import status
 from attnlab.runner.resume import training_arguments
 from attnlab.runner.train import train
 from attnlab.stored import RECORD_KEY

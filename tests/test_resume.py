@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import ROOT, TEXT
 
-from attnlab.runner import status
+from attnlab import status
 
 STEPS_PER_EPOCH = 64
 CHECKPOINTED = [  # deterministic, quiet, last.ckpt every 10 steps

@@ -20,7 +20,8 @@ import pytest
 import torch
 from helpers import ROOT
 
-from attnlab.runner import lock, status
+from attnlab import status
+from attnlab.runner import lock
 
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
 TRAINING = [

@@ -14,12 +14,14 @@ import time
 
 import pytest
 
+from attnlab import status
 from attnlab.errors import ConfigError
-from attnlab.runner import lock, status
+from attnlab.runner import lock
+from attnlab.runner.status import tracking
 
 
 def test_a_run_is_running_then_completed_with_its_progress(tmp_path):
-    with status.tracking(tmp_path) as tracker:
+    with tracking(tmp_path) as tracker:
         assert status.read(tmp_path).state == "running"
         tracker.update(params=10, steps=3)
     recorded = status.read(tmp_path)
@@ -28,7 +30,7 @@ def test_a_run_is_running_then_completed_with_its_progress(tmp_path):
 
 
 def test_a_run_that_fails_records_the_error_and_its_traceback(tmp_path):
-    with pytest.raises(ValueError), status.tracking(tmp_path):
+    with pytest.raises(ValueError), tracking(tmp_path):
         raise ValueError("bad value\nsecond line")
     recorded = status.read(tmp_path)
     assert recorded.state == "failed" and recorded.error == "ValueError: bad value\nsecond line"
@@ -40,7 +42,7 @@ def test_a_run_that_fails_records_the_error_and_its_traceback(tmp_path):
 )
 def test_an_interrupted_run_says_so_not_which_exception_carried_the_stop(stop, tmp_path):
     """Lightning stops on Ctrl-C and SIGTERM by raising SIGTERMException, a SystemExit."""
-    with pytest.raises(type(stop)), status.tracking(tmp_path):
+    with pytest.raises(type(stop)), tracking(tmp_path):
         raise stop
     recorded = status.read(tmp_path)
     assert (recorded.state, recorded.error) == ("interrupted", "interrupted by Ctrl-C or SIGTERM")
@@ -48,7 +50,7 @@ def test_an_interrupted_run_says_so_not_which_exception_carried_the_stop(stop, t
 
 
 def test_only_the_writing_process_writes(tmp_path):
-    with status.tracking(tmp_path, enabled=False):
+    with tracking(tmp_path, enabled=False):
         pass
     assert not (tmp_path / status.FILE).exists()
 
@@ -85,7 +87,7 @@ def test_a_killed_run_ends_when_it_last_wrote_and_its_resumption_counts_only_tha
     (tmp_path / "csv" / "metrics.csv").write_text("step\n1\n")
     os.utime(tmp_path / "csv" / "metrics.csv", (started + 100, started + 100))
     assert status.read(tmp_path).wall_time == pytest.approx(100)
-    with status.tracking(tmp_path, resumed=True) as tracker:
+    with tracking(tmp_path, resumed=True) as tracker:
         assert tracker.status.earlier == pytest.approx(100)
 
 
@@ -104,12 +106,12 @@ def write_lock(run_dir, pid: int, host: str, started: float) -> None:
 
 
 def test_a_run_holds_its_directory_until_it_ends_and_a_second_writer_changes_nothing(tmp_path):
-    with status.tracking(tmp_path) as tracker:
+    with tracking(tmp_path) as tracker:
         held = json.loads((tmp_path / lock.FILE).read_text())
         assert (held["pid"], held["host"]) == (os.getpid(), socket.gethostname())
         tracker.update(steps=3)
         before = (tmp_path / status.FILE).read_bytes()
-        with pytest.raises(ConfigError) as refused, status.tracking(tmp_path, resumed=True):
+        with pytest.raises(ConfigError) as refused, tracking(tmp_path, resumed=True):
             pass
         assert (tmp_path / status.FILE).read_bytes() == before
         assert (tmp_path / lock.FILE).is_file(), "the refused writer leaves the lock alone"
@@ -123,7 +125,7 @@ def test_a_run_holds_its_directory_until_it_ends_and_a_second_writer_changes_not
 
 def test_only_the_writing_process_of_a_distributed_run_takes_the_lock(tmp_path):
     write_lock(tmp_path, os.getpid(), socket.gethostname(), time.time())
-    with status.tracking(tmp_path, enabled=False):
+    with tracking(tmp_path, enabled=False):
         pass
     assert (tmp_path / lock.FILE).is_file()
 
@@ -133,7 +135,7 @@ def test_only_the_writing_process_of_a_distributed_run_takes_the_lock(tmp_path):
 )
 def test_a_stale_lock_is_named_and_taken_over(pid, started, tmp_path, caplog):
     write_lock(tmp_path, pid, socket.gethostname(), started)
-    with caplog.at_level(logging.WARNING), status.tracking(tmp_path):
+    with caplog.at_level(logging.WARNING), tracking(tmp_path):
         assert json.loads((tmp_path / lock.FILE).read_text())["started"] > started
     assert f"taking over the lock of process {pid} on {socket.gethostname()}" in caplog.text
     assert not (tmp_path / lock.FILE).exists()
@@ -149,7 +151,7 @@ def test_a_lock_held_on_another_host_is_refused_and_says_how_to_clear_it(tmp_pat
 def test_a_lock_file_that_is_not_a_lock_is_one_sentence(tmp_path):
     (tmp_path / lock.FILE).write_text("{")
     not_a_lock = r"run\.lock is not a lock that train\.py wrote"
-    with pytest.raises(ConfigError, match=not_a_lock), status.tracking(tmp_path):
+    with pytest.raises(ConfigError, match=not_a_lock), tracking(tmp_path):
         pass
     assert not (tmp_path / status.FILE).exists()
 

@@ -17,7 +17,7 @@ from helpers import ROOT
 from omegaconf import OmegaConf
 from test_run_ownership import train_py
 
-from attnlab.runner import status
+from attnlab import status
 from attnlab.runner.sweep_resume import JOBLIB, job_command, parallel_jobs, run_all, sweep_jobs
 
 TINY = [

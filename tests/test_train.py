@@ -16,9 +16,9 @@ from helpers import ROOT, compose_config, every_combination
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from attnlab import status
 from attnlab.config.options import causal_only, options
 from attnlab.errors import Diverged
-from attnlab.runner import status
 from attnlab.runner.run import print_config
 from attnlab.runner.train import train
 from attnlab.systems.optim import lr_factor

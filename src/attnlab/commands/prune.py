@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnlab.runner import status
+from attnlab import status
 from attnlab.runner.checkpoints import AtomicCheckpointIO
 from attnlab.runner.resume import LAST
 from attnlab.stored import read_checkpoint

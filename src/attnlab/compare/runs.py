@@ -2,7 +2,7 @@
 
 A run directory is one that Hydra gave a `.hydra/config.yaml` (every train.py run and every
 job of a sweep). Its metrics are Lightning's `csv/metrics.csv`; its state is train.py's
-`status.json` (see `attnlab.runner.status`). Everything is read as data (YAML, CSV, JSON); a
+`status.json` (see `attnlab.status`). Everything is read as data (YAML, CSV, JSON); a
 resolver call in a saved config is text, never run.
 """
 
@@ -19,10 +19,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf._utils import get_yaml_loader
 
+from attnlab import status
 from attnlab.errors import ConfigError
 from attnlab.logger.rows import logged_step
-from attnlab.runner import status
-from attnlab.runner.status import RunStatus
+from attnlab.status import RunStatus
 
 T = TypeVar("T", list, dict)
 

@@ -23,13 +23,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from attnlab import status
 from attnlab.config.build import own_class, to_dict
 from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
 from attnlab.config.values import check_ranges
 from attnlab.errors import ConfigError, check_writable, refused_by_machine
 from attnlab.files import refusals_stop_logging
-from attnlab.runner import status
 from attnlab.runner.job import run_composed
 from attnlab.runner.lock import check_contained
 from attnlab.runner.preflight import check_setting_keys

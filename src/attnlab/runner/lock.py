@@ -23,41 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from attnlab.errors import ConfigError
+from attnlab.processes import process_start, running
 
 log = logging.getLogger(__name__)
 
 FILE = "run.lock"
-
-
-def process_start(pid: int) -> float | None:
-    """When process `pid` started, in seconds since the epoch (Linux /proc); None where that
-    cannot be read."""
-    try:
-        after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-        return boot + int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def running(host: str, pid: int, since: float) -> bool:
-    """Whether process `pid` on `host`, known to run at time `since`, still runs: false when
-    it is gone from this host, or when its pid now belongs to a process that started later;
-    true when it is on another host (it cannot be checked from here)."""
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    started = process_start(pid)
-    return started is None or started <= since + 1.0
 
 
 @dataclass(frozen=True)

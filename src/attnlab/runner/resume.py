@@ -343,7 +343,7 @@ def no_checkpoint(run_dir: Path) -> ConfigError:
     """What to do with `run_dir=` of a directory without last.ckpt: a run stopped before its
     first save (its status and overrides written, no state) is started again, in a new
     directory, by its own command line; anything else is not a run to resume."""
-    from attnlab.runner import status
+    from attnlab import status
 
     recorded = status.read(run_dir)
     ran = run_dir / ".hydra" / "overrides.yaml"

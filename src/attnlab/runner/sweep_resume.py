@@ -32,8 +32,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab import status
 from attnlab.errors import ConfigError
-from attnlab.runner import status
 from attnlab.runner.checkpoints import LAST, resume_command
 from attnlab.shell import override, train_command
 

@@ -51,10 +51,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     import lightning as L
     from lightning.pytorch.utilities import rank_zero_only
 
-    from attnlab.runner import run, status
+    from attnlab import status
+    from attnlab.runner import run
     from attnlab.runner.checkpoints import RunRecord
     from attnlab.runner.resume import RECORD_KEY, absolute_locations, read_checkpoint, run_directory
     from attnlab.runner.same_model import check_same_model
+    from attnlab.runner.status import tracking
 
     run.quiet_library_noise()
     output_dir = run.resolve_output_dir(cfg)
@@ -64,7 +66,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         raise holds_a_run(output_dir)  # main() refuses it first, where the command line says
     if cfg.extras.print_config:
         run.print_config(cfg)
-    with status.tracking(Path(output_dir), enabled=first, resumed=resuming) as tracker:
+    with tracking(Path(output_dir), enabled=first, resumed=resuming) as tracker:
         run.save_config_tree(cfg, output_dir)
         plan = run.Plan.from_config(cfg)  # the config as data, checked before any data is read
         config = plan.config
@@ -281,7 +283,8 @@ def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
     """Refuse a directory that another process writes, that holds a run which this one
     does not continue (from `checkpoint`), that cannot be written, or that a link leads out
     of; so too the run directory `checkpoint` is named under (a fork's, made of links)."""
-    from attnlab.runner import lock, status
+    from attnlab import status
+    from attnlab.runner import lock
     from attnlab.runner.resume import named_run_directory, run_directory
 
     resuming = checkpoint not in (None, "null")
@@ -319,7 +322,8 @@ def holds_a_run(run_dir: Path | str) -> ConfigError:
 def check_sweep_directory(sweep: Path) -> None:
     """Refuse a sweep directory that holds runs, or whose directories (its jobs') do, or that
     a link leads out of."""
-    from attnlab.runner import lock, status
+    from attnlab import status
+    from attnlab.runner import lock
 
     lock.check_contained(sweep)
     inside = sorted(d for d in sweep.iterdir() if d.is_dir()) if sweep.is_dir() else []

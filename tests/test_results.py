@@ -20,13 +20,13 @@ from helpers import ROOT, SHARED_DATA
 from test_compare import fake_run
 
 from attnlab import status
-from attnlab.compare import results
 from attnlab.compare.budget import budget, stopped_by
 from attnlab.compare.report import compare
-from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import best_first, compared, configurations, standing, summary
 from attnlab.errors import ConfigError
+from attnlab.reports import results
+from attnlab.reports.results import archive, regenerate
 
 FIXTURE = Path(__file__).parent / "data" / "results"
 

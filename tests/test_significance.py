@@ -10,11 +10,11 @@ import pytest
 import yaml
 from test_compare import fake_run
 
-from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, equivalence
 from attnlab.compare.significance import bootstrap_table, located, paired, references, verdict
 from attnlab.errors import ConfigError
+from attnlab.reports.results import archive, regenerate
 
 REFERENCES = [f"ein kleiner hund nummer {n} läuft über die grüne wiese" for n in range(60)]
 WORSE = [f"ein hund {n}" for n in range(60)]

@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
 
             print(dashboard(args.project, args.group, args.entity, args.timeout))
         elif args.command == "archive":
-            from attnlab.compare.results import archive
+            from attnlab.reports.results import archive
 
             count = archive(args.sweep, args.destination)
             print(f"archived the records of {count} runs in {args.destination}")
@@ -219,8 +219,8 @@ def print_pruned(directory: Path) -> None:
 
 
 def update_results(path: Path, check: bool) -> None:
-    from attnlab.compare.results import regenerate
     from attnlab.files import write_text
+    from attnlab.reports.results import regenerate
 
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: pass --file <RESULTS.md>")

@@ -147,7 +147,7 @@ def job_command(
 
 def finish_sweep(sweep: Path, extra: list[str]) -> int:
     """Run or resume every job of `sweep` not yet done; the exit status of the sweep."""
-    from attnlab.compare.sweep import report_sweep
+    from attnlab.reports.sweep import report_sweep
 
     if flags := [arg for arg in extra if arg.startswith("-")]:
         raise ConfigError(

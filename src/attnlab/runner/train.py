@@ -4,7 +4,7 @@ Returns the best value of `optimized_metric`, so Hydra sweepers can optimize ove
 Every run records its state in <run dir>/status.json (`attnlab.runner.status`). In a -m sweep, a
 job that fails is recorded there with its traceback, logged, and scored NaN (Optuna marks
 the trial failed), and the sweep goes on; the sweep ends by printing the comparison of its jobs and
-exits non-zero if any failed (`attnlab.compare.sweep`).
+exits non-zero if any failed (`attnlab.reports.sweep`).
 Lightning is imported inside the functions, so `--help` and config errors stay fast.
 """
 

@@ -16,9 +16,9 @@ import yaml
 from helpers import ROOT
 from wandb_records import read_offline_run
 
-from attnlab.compare.report import compare
 from attnlab.compare.runs import read_run
 from attnlab.errors import ConfigError
+from attnlab.reports.families import compare
 from attnlab.status import RunStatus
 
 TINY = ["model=tiny", "task.data.train_size=128", "task.data.max_len=8", "trainer.max_epochs=2"]

@@ -20,10 +20,10 @@ from matplotlib.image import imread
 from test_compare import fake_run, read_csv
 
 from attnlab.compare.lengths import applicable
-from attnlab.compare.report import compare
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, interval, summary
 from attnlab.errors import ConfigError
+from attnlab.reports.families import compare
 from attnlab.reports.results import archive, regenerate
 from attnlab.tasks.lm.report import position_bands, ppl_bands
 from attnlab.tasks.lm.sinks import sink_band, sinks_by_layer, sinks_table

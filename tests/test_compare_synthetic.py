@@ -15,10 +15,10 @@ from test_compare import fake_run
 from test_compare_lm import is_png_image
 
 from attnlab.compare.blocks import block_options
-from attnlab.compare.report import compare
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import Configuration, configurations, label_pairs, paired_compared
 from attnlab.errors import ConfigError
+from attnlab.reports.families import compare
 from attnlab.reports.results import regenerate
 from attnlab.tasks.synthetic.report import (
     by_task,

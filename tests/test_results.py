@@ -21,11 +21,11 @@ from test_compare import fake_run
 
 from attnlab import status
 from attnlab.compare.budget import budget, stopped_by
-from attnlab.compare.report import compare
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import best_first, compared, configurations, standing, summary
 from attnlab.errors import ConfigError
 from attnlab.reports import results
+from attnlab.reports.families import compare
 from attnlab.reports.results import archive, regenerate
 
 FIXTURE = Path(__file__).parent / "data" / "results"

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         flush_denormals()
     try:
         if args.command == "compare":
-            from attnlab.compare.report import compare
+            from attnlab.reports.families import compare
 
             out = args.out or args.directory
             comparison = compare(args.directory, out)

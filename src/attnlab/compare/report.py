@@ -7,8 +7,11 @@ OUT (default: DIR).
     comparison.csv   the same rows, unrounded
     curves_<metric>.png          every run's validation curve of each metric on one axis
     acc_by_position.png          accuracy by position, runs × positions (the probe)
+    and the figures each task family declares for its runs (`attnlab.reports.families`):
     ppl_by_length.png            perplexity by evaluation length (language models)
     loss_by_position.png         loss by position in the longest windows (language models)
+    acc_by_length.png            exact match by length (the synthetic tasks)
+    acc_longest_bucket.png       exact match in the longest bucket (the synthetic tasks)
 
 When the seed was swept, comparison.md also has a table by configuration: each test metric's
 mean and 95% t interval over the seeds, and how each stands against the best by the verdict
@@ -26,11 +29,13 @@ table names them and why. Needs no service: only the run directories.
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from attnlab.compare.kinds import ComparisonPlot, Kind
 from attnlab.compare.lengths import NOT_APPLICABLE, order, seeds_summary, value
 from attnlab.compare.runs import BY_POSITION, Run, find_runs
 from attnlab.compare.seeds import (
@@ -46,8 +51,6 @@ from attnlab.compare.table import Row, format_cell, markdown_table
 from attnlab.errors import ConfigError
 from attnlab.files import write_text, written
 from attnlab.plots import curves_figure, heatmap_figure, save
-from attnlab.tasks.lm.report import plot_loss_by_position, plot_ppl_by_length
-from attnlab.tasks.synthetic.report import plot_accuracy_by_length, plot_longest_bucket
 
 THROUGHPUT = "train/tokens_per_s"  # attnlab.runner.callbacks.TokenThroughput
 
@@ -262,8 +265,11 @@ def scored_examples(run: Run) -> str:
     return f"{scored:,.0f} of {total:,.0f}"
 
 
-def compare(directory: Path, out: Path | None = None) -> Comparison:
-    """Read every run below `directory`, write the comparison files into `out` (default: it)."""
+def compare(
+    directory: Path, out: Path | None = None, figures: Sequence[ComparisonPlot] = ()
+) -> Comparison:
+    """Read every run below `directory`, write the comparison files into `out` (default: it),
+    with the task families' `figures` (`attnlab.reports.families.FIGURES`) after its own."""
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory: pass a run or a sweep directory")
     found = find_runs(directory)
@@ -290,10 +296,7 @@ def compare(directory: Path, out: Path | None = None) -> Comparison:
     configs = configurations(runs, keys)
     plots = plot_curves(runs, labels(runs, keys), out, configs if SEED in keys else [])
     plots += plot_by_position(configs, out / "acc_by_position.png")
-    plots += plot_ppl_by_length(configs, out / "ppl_by_length.png")
-    plots += plot_loss_by_position(configs, out / "loss_by_position.png")
-    plots += plot_accuracy_by_length(configs, out / "acc_by_length.png")
-    plots += plot_longest_bucket(configs, out / "acc_longest_bucket.png")
+    plots += [path for figure in figures for path in figure.plot(configs, out / figure.name)]
     never_trained = [run for run in found if not run.trained]
     by_configuration = configs if SEED in keys else []
     comparison = Comparison(directory, runs, rows, plots, by_configuration, never_trained)
@@ -332,3 +335,10 @@ def document(comparison: Comparison) -> str:
         ]
     lines += [f"![{path.stem}]({path.name})\n" for path in comparison.plots]
     return "\n".join(lines)
+
+
+def validation_loss(configs: list[Configuration], path: Path) -> list[Path]:
+    return plot_configuration_curves(configs, "val/loss", path)
+
+
+KINDS = {"configurations": Kind(configurations_table, validation_loss, "validation loss by step")}

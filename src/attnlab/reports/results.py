@@ -33,7 +33,9 @@ cannot drift from what ran. `attnlab results` rewrites each block from docs/resu
 docs/results/<study>.png (<study>_sinks.png for a sinks block, so that a study can hold both
 its perplexities and its sinks), stamped with a digest of the records it was drawn from.
 `attnlab results --check` writes nothing and fails when a block differs from what the
-records give, or a figure's stamp from their digest. The kinds of table, and their plot:
+records give, or a figure's stamp from their digest. The kinds of table, and their plot (each
+family declares its own in its report.py, `configurations` is `attnlab.compare.report`'s;
+`attnlab.reports.families` merges them):
 
     probe           token and sequence accuracy beside what theory predicts (see
                     `attnlab.studies.probe`), the rows that disagree in bold; accuracy by
@@ -60,32 +62,18 @@ import dataclasses
 import hashlib
 import re
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.compare.blocks import bleu_margin, block_options, named, set_per_task
 from attnlab.compare.budget import budget
 from attnlab.compare.lengths import STAGE
-from attnlab.compare.report import (
-    configurations_table,
-    plot_by_position,
-    plot_configuration_curves,
-    swept_keys,
-)
+from attnlab.compare.report import swept_keys
 from attnlab.compare.runs import Run, find_runs
-from attnlab.compare.seeds import Configuration, configurations
+from attnlab.compare.seeds import configurations
 from attnlab.compare.significance import HYPOTHESES, bootstrap_table
 from attnlab.errors import ConfigError
 from attnlab.plots import stamp, stamped
-from attnlab.tasks.lm.report import lengths_table, plot_ppl_by_length
-from attnlab.tasks.lm.sinks import plot_sinks, sinks_table
-from attnlab.tasks.probe.report import extrapolation_table, probe_table
-from attnlab.tasks.synthetic.report import (
-    generalization_contrasts,
-    generalization_table,
-    plot_accuracy_by_length,
-)
+from attnlab.reports.families import KINDS
 
 RECORD = (
     ".hydra/config.yaml",
@@ -118,37 +106,6 @@ def archive(sweep: Path, destination: Path) -> int:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(run / name, target)
     return len(runs)
-
-
-@dataclass(frozen=True)
-class Kind:
-    table: Callable[[list[Configuration]], str]
-    plot: Callable[[list[Configuration], Path], list[Path]]
-    caption: str
-    task: str | None = None  # the task whose runs it reads; None: any
-    contrasts: Callable[[list[Configuration]], str] | None = None  # an `among=` block's table
-    figure: str = ""  # added to the study's name to name its figure
-
-
-def validation_loss(configs: list[Configuration], path: Path) -> list[Path]:
-    return plot_configuration_curves(configs, "val/loss", path)
-
-
-KINDS = {
-    "probe": Kind(probe_table, plot_by_position, "accuracy by position", "probe"),
-    "extrapolation": Kind(extrapolation_table, plot_by_position, "accuracy by position", "probe"),
-    "configurations": Kind(configurations_table, validation_loss, "validation loss by step"),
-    "lengths": Kind(lengths_table, plot_ppl_by_length, "perplexity by evaluation length", "lm"),
-    "sinks": Kind(
-        sinks_table, plot_sinks, "attention sink by evaluation length", "lm", figure="_sinks"
-    ),
-    "generalization": Kind(
-        generalization_table,
-        plot_accuracy_by_length,
-        "exact match by length",
-        contrasts=generalization_contrasts,
-    ),
-}
 
 
 def block(

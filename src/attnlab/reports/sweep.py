@@ -13,7 +13,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from attnlab.compare.report import compare
+from attnlab.reports.families import compare
 
 
 class CompareAtSweepEnd(Callback):

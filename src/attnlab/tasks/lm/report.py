@@ -17,6 +17,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from attnlab.compare.kinds import ComparisonPlot, Kind
 from attnlab.compare.lengths import (
     STAGE,
     band,
@@ -31,6 +32,7 @@ from attnlab.compare.seeds import Configuration
 from attnlab.compare.table import Row, markdown_table
 from attnlab.data.task import WINDOWS
 from attnlab.plots import Band, bands_figure, save
+from attnlab.tasks.lm.sinks import plot_sinks, sinks_table
 
 
 def loss_by_position(run: Run, stage: str = STAGE) -> dict[int, dict[int, float]]:
@@ -147,3 +149,15 @@ def lm_length_figures(
     title = "perplexity by evaluation length"
     by_length = bands_figure({title: bands}, "evaluation length (tokens)", "perplexity", marks)
     return by_position, by_length
+
+
+KINDS = {
+    "lengths": Kind(lengths_table, plot_ppl_by_length, "perplexity by evaluation length", "lm"),
+    "sinks": Kind(
+        sinks_table, plot_sinks, "attention sink by evaluation length", "lm", figure="_sinks"
+    ),
+}
+FIGURES = (
+    ComparisonPlot("ppl_by_length.png", plot_ppl_by_length),
+    ComparisonPlot("loss_by_position.png", plot_loss_by_position),
+)

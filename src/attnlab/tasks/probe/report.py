@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnlab.compare.kinds import Kind
+from attnlab.compare.report import plot_by_position
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import Configuration, summary
 from attnlab.compare.table import Row, markdown_table
@@ -91,3 +93,9 @@ def extrapolation_table(configs: list[Configuration]) -> str:
         rows.append({**config.setting, "seeds": len(config.runs),
                      **{name: summary(values) for name, values in found.items()}})  # fmt: skip
     return markdown_table(rows)
+
+
+KINDS = {
+    "probe": Kind(probe_table, plot_by_position, "accuracy by position", "probe"),
+    "extrapolation": Kind(extrapolation_table, plot_by_position, "accuracy by position", "probe"),
+}

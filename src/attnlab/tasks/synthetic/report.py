@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab.compare.kinds import ComparisonPlot, Kind
 from attnlab.compare.lengths import STAGE, band, by_length, lengths
 from attnlab.compare.runs import Run, is_number_text
 from attnlab.compare.seeds import Configuration, compared, paired_compared, summary
@@ -267,3 +268,17 @@ def generalization_contrasts(configs: list[Configuration]) -> str:
         "and, per task, on exact match past the training lengths by the verdict rule"
     )
     return f"{ranks_table(grouped, left, ranks)}\n\n{legend}\n\n{markdown_table(rows)}"
+
+
+KINDS = {
+    "generalization": Kind(
+        generalization_table,
+        plot_accuracy_by_length,
+        "exact match by length",
+        contrasts=generalization_contrasts,
+    ),
+}
+FIGURES = (
+    ComparisonPlot("acc_by_length.png", plot_accuracy_by_length),
+    ComparisonPlot("acc_longest_bucket.png", plot_longest_bucket),
+)

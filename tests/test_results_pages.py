@@ -5,16 +5,18 @@ records (docs/results/runs/<study>/bootstrap.json)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 from test_results import FIXTURE
 from test_significance import study
 
 from attnlab.commands.cli import main
 from attnlab.compare import bootstraps
-from attnlab.compare.results import archive, regenerate_pages
+from attnlab.compare.results import archive, pages, regenerate_pages
 
 PROBE = "<!-- results:probe_sample probe -->\n<!-- /results:probe_sample -->\n"
 TRANSLATION = (
@@ -149,6 +151,30 @@ def test_a_damaged_bootstrap_file_is_refused_in_one_sentence(tmp_path, text, why
     with pytest.raises(SystemExit) as refused:
         results(root, "--check")
     message = str(refused.value)
-    assert message.startswith("attnlab: ") and "bootstrap.json is damaged (" in message and why in message
+    assert (
+        message.startswith("attnlab: ")
+        and "bootstrap.json is damaged (" in message
+        and why in message
+    )
     assert message.endswith("delete it and run `attnlab results` to rebuild it")
     assert "\n" not in message
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings: lower case, punctuation dropped."""
+    headings = re.findall(r"^#+ (.*)$", page.read_text(), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_each_link_of_the_index_and_the_study_pages_leads_to_a_file_and_its_heading():
+    found = pages(ROOT)
+    assert {page.parent.name for page in found[1:]} >= {"probe", "mechanisms"}
+    for page in found:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = page.parent / path if path else page
+            assert linked.is_file(), f"{page.relative_to(ROOT)} links {target}, which is missing"
+            if anchor:
+                assert anchor in heading_anchors(linked), f"{page.relative_to(ROOT)}: {target}"

@@ -218,8 +218,8 @@ def test_a_lengths_block_gives_each_configurations_interval_and_n_a_and_draws_th
     assert (
         "| learned | 64 | 2 | non-overlapping | 12.000 ± 50.825 | 13.500 ± 57.178 | n/a |" in text
     )
-    assert is_png_image(tmp_path / "docs" / "results" / "lm.png")
-    assert "![lm: perplexity by evaluation length](docs/results/lm.png)" in text
+    assert is_png_image(tmp_path / "lm.png")
+    assert "![lm: perplexity by evaluation length](lm.png)" in text
 
 
 def test_a_lengths_block_over_runs_of_another_task_is_one_sentence(tmp_path):
@@ -303,8 +303,8 @@ def test_a_study_with_a_lengths_and_a_sinks_block_keeps_both_figures(tmp_path):
     both.write_text(both.read_text() + "\n<!-- results:lm sinks -->\n<!-- /results:lm -->\n")
     text = regenerate(both, draw=True)
     for name in ("lm.png", "lm_sinks.png"):
-        assert is_png_image(tmp_path / "docs" / "results" / name)
-        assert f"(docs/results/{name})" in text
+        assert is_png_image(tmp_path / name)
+        assert f"({name})" in text
     both.write_text(text)
     assert regenerate(both, draw=False) == text, "each figure keeps the stamp of its own block"
 
@@ -328,8 +328,8 @@ def test_the_first_row_is_uniform_attentions_share_of_the_first_token(tmp_path):
 
 def test_the_sinks_plot_is_drawn_with_the_mean_and_interval_over_seeds(tmp_path):
     text = sinks_block(tmp_path)
-    assert is_png_image(tmp_path / "docs" / "results" / "lm_sinks.png")
-    assert "![lm: attention sink by evaluation length](docs/results/lm_sinks.png)" in text
+    assert is_png_image(tmp_path / "lm_sinks.png")
+    assert "![lm: attention sink by evaluation length](lm_sinks.png)" in text
     configs = configurations(find_runs(tmp_path / "sweep"), ["pe", "seed", "pe.max_len"])
     rope = next(config for config in configs if config.setting["pe"] == "rope")
     for layer in (0, 1):

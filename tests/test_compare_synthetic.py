@@ -208,7 +208,7 @@ def test_an_among_block_ranks_only_its_configurations_and_judges_each_pair(tmp_p
     assert text.index("| pe=none | 3 | 1.000") < text.index("| pe=rope | 3 | 0.500")
     assert "| first | second | mean reciprocal rank | copy | sort | reverse |" in text
     assert "| pe=none | pe=rope | ahead | ahead | ahead | ahead |" in text
-    assert "![" not in text and not (tmp_path / "docs" / "results" / "lg.png").exists()
+    assert "![" not in text and not (tmp_path / "lg.png").exists()
 
 
 def test_a_block_beside_another_study_ranks_its_runs_with_the_others(tmp_path):

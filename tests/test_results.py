@@ -26,7 +26,7 @@ from attnlab.compare.seeds import best_first, compared, configurations, standing
 from attnlab.errors import ConfigError
 from attnlab.reports import results
 from attnlab.reports.families import compare
-from attnlab.reports.results import archive, regenerate
+from attnlab.reports.results import archive, regenerate, regenerate_pages
 
 FIXTURE = Path(__file__).parent / "data" / "results"
 
@@ -45,10 +45,14 @@ def test_the_generator_reproduces_the_committed_tables_from_the_fixture_records(
     not SHARED_DATA.is_dir(),
     reason="RESULTS.md's paired bootstrap reads test references from ../shared/data, absent here",
 )
-def test_results_md_matches_the_run_records_committed_beside_it():
-    results_md = ROOT / "RESULTS.md"
-    assert regenerate(results_md, draw=False) == results_md.read_text(), (
-        "RESULTS.md is out of date with docs/results/runs: run `attnlab results`"
+def test_results_md_and_its_pages_match_the_run_records_committed_beside_them():
+    done = regenerate_pages(ROOT, draw=False)
+    assert len(done.texts) > 1, "RESULTS.md and the study pages below docs/results"
+    stale = [
+        str(page.relative_to(ROOT)) for page, text in done.texts.items() if text != page.read_text()
+    ]
+    assert not stale and not done.unlinked, (
+        f"{stale or done.unlinked} out of date with docs/results/runs: run `attnlab results`"
     )
 
 
@@ -60,8 +64,8 @@ def test_drawing_adds_each_studys_plot_and_links_it(tmp_path):
         ("extrapolation_sample", "accuracy by position"),
         ("translation_sample", "validation loss by step"),
     ):
-        assert (results_md.parent / "docs" / "results" / f"{study}.png").stat().st_size > 1000
-        assert f"![{study}: {caption}](docs/results/{study}.png)" in text
+        assert (results_md.parent / f"{study}.png").stat().st_size > 1000  # beside the page
+        assert f"![{study}: {caption}]({study}.png)" in text
 
 
 def test_a_figure_drawn_from_other_records_fails_the_check(tmp_path):
@@ -72,11 +76,11 @@ def test_a_figure_drawn_from_other_records_fails_the_check(tmp_path):
     metrics = run.path / "csv" / "metrics.csv"
     columns = metrics.read_text().splitlines()[0].split(",")
     metrics.write_text(metrics.read_text() + ",".join("0" for _ in columns) + "\n")  # one more row
-    stale = "docs/results/translation_sample.png was drawn from other records than"
+    stale = "translation_sample.png was drawn from other records than"
     with pytest.raises(ConfigError, match=re.escape(stale)):
         regenerate(results_md, draw=False)
     regenerate(results_md, draw=True)
-    unstamped = results_md.parent / "docs" / "results" / "probe_sample.png"
+    unstamped = results_md.parent / "probe_sample.png"
     unstamped.write_bytes(b"not a png")
     with pytest.raises(ConfigError, match=r"probe_sample\.png was drawn from other records"):
         regenerate(results_md, draw=False)
@@ -85,7 +89,7 @@ def test_a_figure_drawn_from_other_records_fails_the_check(tmp_path):
 def test_a_figure_with_nothing_left_to_draw_is_removed_with_its_link(tmp_path, monkeypatch):
     results_md = fixture_copy(tmp_path)
     regenerate(results_md, draw=True)
-    figure = results_md.parent / "docs" / "results" / "translation_sample.png"
+    figure = results_md.parent / "translation_sample.png"
     assert figure.is_file()
     nothing = dataclasses.replace(results.KINDS["configurations"], plot=lambda configs, path: [])
     monkeypatch.setitem(results.KINDS, "configurations", nothing)

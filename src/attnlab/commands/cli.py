@@ -57,13 +57,16 @@ def parser() -> argparse.ArgumentParser:
     archive.add_argument("destination", type=Path, help="a directory that does not exist yet")
     results = commands.add_parser(
         "results",
-        help="regenerate RESULTS.md's tables and plots from docs/results/runs",
-        description="Rewrites each <!-- results:STUDY KIND --> block of FILE from the run "
-        "records in docs/results/runs/STUDY beside it, and draws docs/results/STUDY.png.",
+        help="regenerate RESULTS.md's and its study pages' tables and plots from docs/results/runs",
+        description="Rewrites each <!-- results:STUDY KIND --> block of FILE and of each study "
+        "page beside it (docs/results/PAGE/README.md) from the run records in "
+        "docs/results/runs/STUDY, and draws STUDY.png beside the page.",
     )
     results.add_argument("--file", type=Path, default=Path("RESULTS.md"))
     results.add_argument(
-        "--check", action="store_true", help="write nothing; fail if a table is out of date"
+        "--check",
+        action="store_true",
+        help="write nothing; fail if a table or figure is out of date",
     )
     settings_command(
         commands,
@@ -219,19 +222,51 @@ def print_pruned(directory: Path) -> None:
 
 
 def update_results(path: Path, check: bool) -> None:
+    """Rebuild the blocks of RESULTS.md (`path`) and of every study page beside it; with
+    `check`, write nothing and fail naming each page and block out of date."""
     from attnlab.files import write_text
-    from attnlab.reports.results import regenerate
+    from attnlab.reports.results import regenerate_pages
 
     if not path.is_file():
         raise ConfigError(f"{path} does not exist: pass --file <RESULTS.md>")
-    text = regenerate(path, draw=not check)
-    if not check:
-        write_text(path, text)
-        print(f"regenerated the tables of {path}")
-    elif text != path.read_text():
-        raise ConfigError(f"{path} is out of date with its run records: run `attnlab results`")
-    else:
-        print(f"{path} matches its run records")
+    root = path.resolve().parent
+    done = regenerate_pages(root, draw=not check)
+    if check:
+        fail_if_out_of_date(root, done.texts, done.unlinked)
+        print(f"{path} and its {len(done.texts) - 1} study pages match their run records")
+        return
+    changed = [page for page, text in done.texts.items() if text != page.read_text()]
+    for page in changed:
+        write_text(page, done.texts[page])
+    for figure in done.unlinked:
+        figure.unlink()
+    kept = done.reading.bootstraps.write()
+    print(
+        f"regenerated the tables of {path} and its {len(done.texts) - 1} study pages: "
+        f"{len(changed)} pages changed, {len(done.unlinked)} unlinked figures removed, "
+        f"{len(kept)} files of paired bootstraps written"
+    )
+
+
+def fail_if_out_of_date(root: Path, texts: dict[Path, str], unlinked: list[Path]) -> None:
+    from attnlab.reports.results import differing_blocks
+
+    stale = [
+        f"{page.relative_to(root)} (block {mark})"
+        for page, text in texts.items()
+        for mark in differing_blocks(page.read_text(), text)
+    ]
+    if stale:
+        raise ConfigError(
+            f"{'; '.join(stale)} {'is' if len(stale) == 1 else 'are'} out of date with its run "
+            "records: run `attnlab results`"
+        )
+    if unlinked:
+        raise ConfigError(
+            f"{', '.join(str(f.relative_to(root)) for f in unlinked)} "
+            f"{'is' if len(unlinked) == 1 else 'are'} linked by no block: run `attnlab "
+            "results`, which removes figures of blocks that are gone"
+        )
 
 
 if __name__ == "__main__":

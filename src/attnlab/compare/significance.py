@@ -22,6 +22,7 @@ baseline.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from attnlab.compare.runs import Run
@@ -33,6 +34,8 @@ SAMPLES = 1000
 RESAMPLING_SEED = 12345  # sacreBLEU's default: the same resamples for every pair
 ALPHA = 0.05
 HYPOTHESES = "hypotheses/test.txt"
+Pair = tuple[float, float]  # this system's BLEU minus the baseline's, and the p-value
+Test = Callable[[list[str], list[str], list[str]], Pair]  # system, baseline, references
 
 
 def located(path: str, root: Path) -> Path | None:
@@ -72,15 +75,11 @@ def hypotheses(run: Run) -> list[str] | None:
     return path.read_text(encoding="utf-8").splitlines()
 
 
-def paired(run: Run, baseline: Run, refs: list[str]) -> tuple[float, float] | None:
-    """(this run's BLEU minus the baseline's, the paired bootstrap's p-value), or None
-    where the hypotheses are missing or do not match the references in number."""
+def bootstrap(system: list[str], base: list[str], refs: list[str]) -> Pair:
+    """(the system's BLEU minus the baseline's, the paired bootstrap's p-value), by sacreBLEU."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    system, base = hypotheses(run), hypotheses(baseline)
-    if system is None or base is None or not len(system) == len(base) == len(refs):
-        return None
     previous = os.environ.get("SACREBLEU_SEED")
     os.environ["SACREBLEU_SEED"] = str(RESAMPLING_SEED)  # read once, by the constructor
     try:
@@ -96,6 +95,15 @@ def paired(run: Run, baseline: Run, refs: list[str]) -> tuple[float, float] | No
     return system_score.score - base_score.score, float(system_score.p_value)
 
 
+def paired(run: Run, baseline: Run, refs: list[str], test: Test = bootstrap) -> Pair | None:
+    """`test` of this run's hypotheses against the baseline's, or None where the hypotheses
+    are missing or do not match the references in number."""
+    system, base = hypotheses(run), hypotheses(baseline)
+    if system is None or base is None or not len(system) == len(base) == len(refs):
+        return None
+    return test(system, base, refs)
+
+
 def verdict(pairs: list[tuple[float, float]]) -> str:
     if len(pairs) < MIN_SEEDS:
         return f"fewer than {MIN_SEEDS} seeds: no verdict"
@@ -107,10 +115,15 @@ def verdict(pairs: list[tuple[float, float]]) -> str:
 
 
 def bootstrap_table(
-    configs: list[Configuration], baseline: str, root: Path, margin: float | None = None
+    configs: list[Configuration],
+    baseline: str,
+    root: Path,
+    margin: float | None = None,
+    test: Test = bootstrap,
 ) -> str:
     """Per configuration: each paired seed's BLEU gain over `baseline` (a configuration's
-    label) and its p-value, and the verdict; with `margin`, the equivalence test's answer."""
+    label) and its p-value by `test` (sacreBLEU's, or results kept of it), and the verdict;
+    with `margin`, the equivalence test's answer."""
     found = {config.label: config for config in configs}
     if len(found) == 1:
         return f"Paired bootstrap: one configuration only, so nothing to compare with {baseline}."
@@ -136,7 +149,7 @@ def bootstrap_table(
         for run in config.runs:
             seed, other = run.setting("seed"), base.get(run.setting("seed"))
             refs = references(run, root) if other else None
-            result = paired(run, other, refs) if other and refs else None
+            result = paired(run, other, refs, test) if other and refs else None
             if result is None:
                 why = "no baseline run" if other is None else "no hypotheses or references"
                 cells.append(f"{seed}: {why}")

@@ -3,7 +3,8 @@
 `attnlab archive SWEEP_DIR DEST` copies what each run below SWEEP_DIR recorded (its config,
 overrides, metrics and status; not its checkpoints) to DEST, conventionally
 docs/results/runs/<study>/, so that the results can be regenerated from the repository.
-RESULTS.md marks where a study's table goes:
+RESULTS.md is the index of the studies; each study has a page of its own,
+docs/results/<page>/README.md, and a page (or RESULTS.md) marks where a study's table goes:
 
     <!-- results:<study> <kind> -->              or, comparing test BLEU with a baseline:
     <!-- results:<study> <kind> baseline=<a configuration's label, e.g. synthesizer=dot> -->
@@ -29,13 +30,16 @@ that those runs are one configuration across tasks, and the block says each task
 
 Each block opens with the study's budget read from the runs' configs and statuses (steps,
 learning rate, warm-up, schedule, checkpoint selection, early stopping), so that the text
-cannot drift from what ran. `attnlab results` rewrites each block from docs/results/runs/<study>/ and draws
-docs/results/<study>.png (<study>_sinks.png for a sinks block, so that a study can hold both
-its perplexities and its sinks), stamped with a digest of the records it was drawn from.
-`attnlab results --check` writes nothing and fails when a block differs from what the
-records give, or a figure's stamp from their digest. The kinds of table, and their plot (each
-family declares its own in its report.py, `configurations` is `attnlab.compare.report`'s;
-`attnlab.reports.families` merges them):
+cannot drift from what ran. `attnlab results` rewrites each block of every page from
+docs/results/runs/<study>/ (each study's records read once) and draws <study>.png beside the
+page that holds the block (<study>_sinks.png for a sinks block, so that a study can hold
+both its perplexities and its sinks), stamped with a digest of the records it was drawn
+from; a figure it drew that no block links any more is removed. The paired bootstraps are
+kept beside the records (`compare.bootstraps`). `attnlab results --check` writes nothing and
+fails naming each page and block that differs from what the records give, a figure whose
+stamp differs from their digest, or a figure no block links. The kinds of table, and their
+plot (each family declares its own in its report.py, `configurations` is
+`attnlab.compare.report`'s; `attnlab.reports.families` merges them):
 
     probe           token and sequence accuracy beside what theory predicts (see
                     `attnlab.studies.probe`), the rows that disagree in bold; accuracy by
@@ -62,9 +66,11 @@ import dataclasses
 import hashlib
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.compare.blocks import bleu_margin, block_options, named, set_per_task
+from attnlab.compare.bootstraps import Bootstraps
 from attnlab.compare.budget import budget
 from attnlab.compare.lengths import STAGE
 from attnlab.compare.report import swept_keys
@@ -111,7 +117,8 @@ def archive(sweep: Path, destination: Path) -> int:
 def block(
     study: str,
     kind: str,
-    root: Path,
+    page: Path,
+    reading: Reading,
     draw: bool,
     baseline: str | None = None,
     among: str | None = None,
@@ -119,15 +126,17 @@ def block(
     beside: str | None = None,
     per_task: str | None = None,
 ) -> str:
-    """The generated text of one study's block, from root/docs/results/runs/<study>; with a
+    """The generated text of one study's block on `page`, from <root>/docs/results/runs/<study>
+    (its figure beside the page); with a
     baseline (a configuration's label), the paired bootstrap of test BLEU against it; with
     `among` (labels joined by ";"), those configurations alone and no plot; with `beside`
     (studies joined by ";"), their runs too; with `per_task` (keys joined by ";"), the
     block's own runs read "per_task" for those keys, and a sentence gives each task's value."""
     if kind not in KINDS:
         raise ConfigError(f"RESULTS.md block {study} has kind {kind!r}: use one of {list(KINDS)}")
+    root = reading.root
     records = root / "docs" / "results" / "runs" / study
-    runs, others = study_runs(records, study), beside.split(";") if beside else []
+    runs, others = reading.runs(records, study), beside.split(";") if beside else []
     if repeated := sorted({o for o in others if o == study or others.count(o) > 1}):
         raise ConfigError(
             f"RESULTS.md block {study} reads {', '.join(repeated)} twice (beside= names it again): "
@@ -136,7 +145,7 @@ def block(
     matched_keys = per_task.split(";") if per_task else []
     runs, matched = set_per_task(runs, matched_keys, study) if matched_keys else (runs, "")
     for other in others:
-        found = study_runs(records.parent / other, other)
+        found = reading.runs(records.parent / other, other)
         runs += [dataclasses.replace(run, name=f"{other}/{run.name}") for run in found]
     tasks, reads = {run.setting("task.name") for run in runs}, KINDS[kind].task
     if reads is not None and tasks != {reads}:
@@ -153,7 +162,9 @@ def block(
     table = contrasts if among is not None and contrasts else KINDS[kind].table
     text = budget(runs) + "\n\n" + (matched + "\n\n" if matched else "") + table(configs) + "\n"
     if baseline is not None:
-        text += "\n" + bootstrap_table(configs, baseline, root, bleu_margin(study, margin)) + "\n"
+        test = reading.bootstraps.test(records)
+        paired = bootstrap_table(configs, baseline, root, bleu_margin(study, margin), test)
+        text += "\n" + paired + "\n"
     elif margin is not None:
         raise ConfigError(
             f"RESULTS.md block {study} has margin={margin} but no baseline: the equivalence "
@@ -161,7 +172,7 @@ def block(
         )
     if among is not None:
         return text
-    image = root / "docs" / "results" / f"{study}{KINDS[kind].figure}.png"
+    image = page.parent / f"{study}{KINDS[kind].figure}.png"
     source = records_digest(runs)
     if draw:
         if image in KINDS[kind].plot(configs, image):
@@ -174,7 +185,8 @@ def block(
             f"{records.relative_to(root)} holds: run `attnlab results`"
         )
     if image.is_file():
-        text += f"\n![{study}: {KINDS[kind].caption}]({image.relative_to(root)})\n"
+        reading.figures.add(image)
+        text += f"\n![{study}: {KINDS[kind].caption}]({image.name})\n"
     return text
 
 
@@ -203,13 +215,63 @@ def records_digest(runs: list[Run]) -> str:
     return f"records sha256 {digest.hexdigest()}"
 
 
-def regenerate(results_md: Path, draw: bool = True) -> str:
-    """RESULTS.md with every block rebuilt from its records (plots drawn if `draw`)."""
-    root = results_md.resolve().parent
+@dataclass
+class Reading:
+    """What the pages of one root share as they are regenerated: each study's records, read
+    once; the paired bootstraps, kept and computed; the figures their blocks link."""
+
+    root: Path
+    bootstraps: Bootstraps = field(default_factory=Bootstraps)
+    figures: set[Path] = field(default_factory=set)
+    read: dict[Path, list[Run]] = field(default_factory=dict)
+
+    def runs(self, records: Path, study: str) -> list[Run]:
+        if records not in self.read:
+            self.read[records] = study_runs(records, study)
+        return list(self.read[records])
+
+
+def pages(root: Path) -> list[Path]:
+    """RESULTS.md, the index, and each study's page: docs/results/<page>/README.md."""
+    found = sorted((root / "docs" / "results").glob("*/README.md"))
+    return [root / "RESULTS.md", *(page for page in found if page.parent.name != "runs")]
+
+
+def regenerate(page: Path, draw: bool = True, reading: Reading | None = None) -> str:
+    """`page` with every block rebuilt from its records (plots drawn beside it if `draw`);
+    alone, the page's directory is the root its records are read below (RESULTS.md's)."""
+    reading = reading or Reading(page.resolve().parent)
 
     def rebuilt(m: re.Match[str]) -> str:
         options = block_options(m["study"], m["options"])
-        text = block(m["study"], m["kind"], root, draw, **options)
+        text = block(m["study"], m["kind"], page, reading, draw, **options)
         return m["open"] + text + m["close"]
 
-    return BLOCK.sub(rebuilt, results_md.read_text())
+    return BLOCK.sub(rebuilt, page.read_text())
+
+
+def differing_blocks(text: str, regenerated: str) -> list[str]:
+    """The opening marks of the blocks of `text` that `regenerated` rewrote."""
+    pairs = zip(BLOCK.finditer(text), BLOCK.finditer(regenerated), strict=True)
+    return [old["open"].strip() for old, new in pairs if old["body"] != new["body"]]
+
+
+def unlinked_figures(reading: Reading, places: list[Path]) -> list[Path]:
+    """The figures `attnlab results` drew (stamped) in `places` that no block links now."""
+    drawn = (figure for place in places for figure in sorted(place.glob("*.png")))
+    return [f for f in drawn if f not in reading.figures and stamped(f) is not None]
+
+
+@dataclass(frozen=True)
+class Regenerated:
+    texts: dict[Path, str]  # each page's text, its blocks rebuilt
+    unlinked: list[Path]  # figures of earlier blocks, linked by none now
+    reading: Reading
+
+
+def regenerate_pages(root: Path, draw: bool) -> Regenerated:
+    """Every page below `root` rebuilt (nothing written but figures, if `draw`)."""
+    reading = Reading(root)
+    texts = {page: regenerate(page, draw, reading) for page in pages(root) if page.is_file()}
+    places = sorted({page.parent for page in texts} | {root / "docs" / "results"})
+    return Regenerated(texts, unlinked_figures(reading, places), reading)

@@ -22,8 +22,8 @@ later query can use, as each key is asked once.
 `answers_after`: the input is context and query region, and the output the values of the
 queried keys in the order the queries appear, after SEP. This is harder: the i-th answer must
 first find the i-th query in the region (a positional step) before it looks up the value. A
-model of 2 layers and width 64 did not learn it in 10,000 steps with any encoding (RESULTS.md,
-study 7), where it had learned copy, reverse, sort, parity and passkey.
+model of 2 layers and width 64 did not learn it in 10,000 steps with any encoding (study 7,
+docs/results/length_generalization/), where it had learned copy, reverse, sort, parity and passkey.
 Unlike Zoology, which key sits in which slot is a uniform random permutation; Zoology gives
 its keys, in context order, the slots in the order numpy draws them, and as each draw avoids
 the slots already taken, late keys tend to get far slots: its query order leans towards the

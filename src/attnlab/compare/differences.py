@@ -31,7 +31,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from attnlab.compare.seeds import MIN_SEEDS, number
+from attnlab.compare.seeds import MIN_SEEDS, SEED, Configuration, label_pairs, number
+from attnlab.errors import ConfigError
 
 ALPHA = 0.05
 PAIRED_BY_SEED = "paired by seed"
@@ -244,3 +245,23 @@ def family_legend(differences: Sequence[Difference]) -> str:
         return "No comparison of this table could be tested."
     noun = "comparison" if found == 1 else f"{found} comparisons"
     return f"Holm–Bonferroni over the {noun} of this table."
+
+
+def by_seed(config: Configuration, metric: str) -> dict[str, float]:
+    """The configuration's last value of `metric` in each run, keyed by the run's seed."""
+    return {
+        run.value(SEED): found for run in config.runs if (found := run.last(metric)) is not None
+    }
+
+
+def baseline_of(labels: Sequence[str], label: str | None, what: str) -> str:
+    """The one of `labels` that `label` names (its keys in any order), or the first where
+    `label` is None; a ConfigError listing the labels where it names none."""
+    if label is None:
+        return labels[0]
+    for found in labels:
+        if label_pairs(found) == label_pairs(label):
+            return found
+    raise ConfigError(
+        f"{what} {label} is none of the configurations: name one of {'; '.join(sorted(labels))}"
+    )

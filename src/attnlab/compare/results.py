@@ -122,12 +122,13 @@ def archive(sweep: Path, destination: Path) -> int:
 
 @dataclass(frozen=True)
 class Kind:
-    table: Callable[[list[Configuration]], str]
+    table: Callable[..., str]  # configurations -> text; with `baseline`, also the block's
     plot: Callable[[list[Configuration], Path], list[Path]]
     caption: str
     task: str | None = None  # the task whose runs it reads; None: any
     contrasts: Callable[[list[Configuration]], str] | None = None  # an `among=` block's table
     figure: str = ""  # added to the study's name to name its figure
+    baseline: bool = False  # its tables take the block's `baseline=` (a label, or None)
 
 
 def validation_loss(configs: list[Configuration], path: Path) -> list[Path]:
@@ -137,7 +138,9 @@ def validation_loss(configs: list[Configuration], path: Path) -> list[Path]:
 KINDS = {
     "probe": Kind(probe_table, plot_by_position, "accuracy by position", "probe"),
     "extrapolation": Kind(extrapolation_table, plot_by_position, "accuracy by position", "probe"),
-    "configurations": Kind(configurations_table, validation_loss, "validation loss by step"),
+    "configurations": Kind(
+        configurations_table, validation_loss, "validation loss by step", baseline=True
+    ),
     "lengths": Kind(lengths_table, plot_ppl_by_length, "perplexity by evaluation length", "lm"),
     "sinks": Kind(
         sinks_table, plot_sinks, "attention sink by evaluation length", "lm", figure="_sinks"
@@ -147,6 +150,7 @@ KINDS = {
         plot_accuracy_by_length,
         "exact match by length",
         contrasts=generalization_contrasts,
+        baseline=True,
     ),
 }
 
@@ -194,7 +198,8 @@ def block(
         runs = [run for config in configs for run in config.runs]
     contrasts = KINDS[kind].contrasts
     table = contrasts if among is not None and contrasts else KINDS[kind].table
-    text = budget(runs) + "\n\n" + (matched + "\n\n" if matched else "") + table(configs) + "\n"
+    told = table(configs, baseline) if KINDS[kind].baseline else table(configs)
+    text = budget(runs) + "\n\n" + (matched + "\n\n" if matched else "") + told + "\n"
     if baseline is not None:
         text += "\n" + bootstrap_table(configs, baseline, root, bleu_margin(study, margin)) + "\n"
     elif margin is not None:

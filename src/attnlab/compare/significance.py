@@ -11,9 +11,10 @@ and one sentence names the file it needs. A run whose hypotheses cannot be found
 names no references (a hub dataset), or whose hypotheses and references do not match in
 number, is left out of the test, and the table says so.
 
-The verdict rule's paired part (RESULTS.md): a configuration is ahead of (behind) the
-baseline when at least MIN_SEEDS seeds were paired and in every pair its BLEU is higher
-(lower) with p < ALPHA; otherwise it ties. A tie is not equivalence: with a `margin` (BLEU,
+The verdict is the comparison engine's (`attnlab.compare.differences`): the per-seed BLEU
+differences from the baseline, paired by seed (Student's t over at least MIN_SEEDS seeds),
+ahead or behind where Holm's adjusted p over the table's configurations is below ALPHA;
+otherwise a tie. The per-seed bootstrap p-values are shown beside it, not combined. A tie is not equivalence: with a `margin` (BLEU,
 stated before looking), the seed-paired BLEU differences also go through two one-sided
 tests (`seeds.equivalence`), which say whether the configuration is within ±margin of the
 baseline.
@@ -24,6 +25,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from attnlab.compare.differences import (
+    ALPHA,
+    Difference,
+    corrected,
+    difference,
+    family_legend,
+    formatted,
+)
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import MIN_SEEDS, Configuration, equivalence
 from attnlab.data.text import read_lines
@@ -31,7 +40,6 @@ from attnlab.errors import ConfigError
 
 SAMPLES = 1000
 RESAMPLING_SEED = 12345  # sacreBLEU's default: the same resamples for every pair
-ALPHA = 0.05
 HYPOTHESES = "hypotheses/test.txt"
 
 
@@ -72,9 +80,9 @@ def hypotheses(run: Run) -> list[str] | None:
     return path.read_text(encoding="utf-8").splitlines()
 
 
-def paired(run: Run, baseline: Run, refs: list[str]) -> tuple[float, float] | None:
-    """(this run's BLEU minus the baseline's, the paired bootstrap's p-value), or None
-    where the hypotheses are missing or do not match the references in number."""
+def paired(run: Run, baseline: Run, refs: list[str]) -> tuple[float, float, float] | None:
+    """(this run's BLEU minus the baseline's, the paired bootstrap's p-value, the baseline's
+    BLEU), or None where the hypotheses are missing or do not match the references in number."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
@@ -93,17 +101,15 @@ def paired(run: Run, baseline: Run, refs: list[str]) -> tuple[float, float] | No
             os.environ["SACREBLEU_SEED"] = previous
     _, scores = test()
     base_score, system_score = scores["BLEU"]
-    return system_score.score - base_score.score, float(system_score.p_value)
+    gain = system_score.score - base_score.score
+    return gain, float(system_score.p_value), base_score.score
 
 
-def verdict(pairs: list[tuple[float, float]]) -> str:
-    if len(pairs) < MIN_SEEDS:
-        return f"fewer than {MIN_SEEDS} seeds: no verdict"
-    if all(p < ALPHA and gain > 0 for gain, p in pairs):
-        return "ahead"
-    if all(p < ALPHA and gain < 0 for gain, p in pairs):
-        return "behind"
-    return "tie"
+def seed_paired(pairs: dict[str, tuple[float, float, float]]) -> Difference:
+    """The configuration's test BLEU minus the baseline's, paired by seed: Student's t of the
+    per-seed differences (`attnlab.compare.differences`)."""
+    first = {seed: base + gain for seed, (gain, _, base) in pairs.items()}
+    return difference(first, {seed: base for seed, (_, _, base) in pairs.items()})
 
 
 def bootstrap_table(
@@ -121,18 +127,11 @@ def bootstrap_table(
             f"one of {'; '.join(sorted(found))}"
         )
     base = {run.setting("seed"): run for run in named[0].runs}
-    lines = [
-        f"Paired bootstrap resampling of test BLEU against {baseline} (sacreBLEU, {SAMPLES} "
-        f"resamples), seed by seed: BLEU difference and p-value; ahead or behind only where "
-        f"every pair of at least {MIN_SEEDS} seeds differs with p < {ALPHA} the same way.",
-        "",
-        "| configuration | seed: Δ BLEU (p) | verdict |" + equivalent_header(margin),
-        "|---|---|---|" + ("---|" if margin is not None else ""),
-    ]
+    rows: list[tuple[str, list[str], dict[str, tuple[float, float, float]]]] = []
     for label, config in found.items():
         if config is named[0]:
             continue
-        cells, pairs = [], []
+        cells, pairs = [], {}
         for run in config.runs:
             seed, other = run.setting("seed"), base.get(run.setting("seed"))
             refs = references(run, root) if other else None
@@ -141,10 +140,25 @@ def bootstrap_table(
                 why = "no baseline run" if other is None else "no hypotheses or references"
                 cells.append(f"{seed}: {why}")
                 continue
-            pairs.append(result)
+            pairs[str(seed)] = result
             cells.append(f"{seed}: {result[0]:+.2f} (p = {result[1]:.3f})")
-        within = "" if margin is None else f" {equivalence([g for g, _ in pairs], margin)} |"
-        lines.append(f"| {label} | {'; '.join(cells)} | {verdict(pairs)} |{within}")
+        rows.append((label, cells, pairs))
+    verdicts = corrected([seed_paired(pairs) for _, _, pairs in rows])
+    lines = [
+        f"Paired bootstrap resampling of test BLEU against {baseline} (sacreBLEU, {SAMPLES} "
+        f"resamples), seed by seed: BLEU difference and p-value. The verdict: the difference "
+        f"in test BLEU paired by seed (Student's t over the n seeds both ran, at least "
+        f"{MIN_SEEDS}), ahead or behind where Holm's adjusted p < {ALPHA}, else tie; "
+        + family_legend(verdicts),
+        "",
+        "| configuration | seed: Δ BLEU (p) | verdict |" + equivalent_header(margin),
+        "|---|---|---|" + ("---|" if margin is not None else ""),
+    ]
+    for (label, cells, pairs), found_verdict in zip(rows, verdicts, strict=True):
+        gains = [gain for gain, _, _ in pairs.values()]
+        within = "" if margin is None else f" {equivalence(gains, margin)} |"
+        text = formatted(found_verdict, "max", digits=2)
+        lines.append(f"| {label} | {'; '.join(cells)} | {text} |{within}")
     return "\n".join(lines)
 
 

@@ -20,13 +20,8 @@ from attnlab.compare.results import regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import Configuration, configurations, label_pairs, paired_compared
 from attnlab.errors import ConfigError
-from attnlab.tasks.synthetic.report import (
-    by_task,
-    generalization_table,
-    longer_accuracy,
-    longest_bucket_matrix,
-    reciprocal_ranks,
-)
+from attnlab.tasks.synthetic.ranks import by_task, longer_accuracy, reciprocal_ranks
+from attnlab.tasks.synthetic.report import generalization_table, longest_bucket_matrix
 
 # task -> its bucket ends; pe -> exact match in each bucket, before the seed's shift
 BUCKETS = {"copy": (20, 40, 60, 80), "mqar": (64, 128), "sort": (20, 40), "reverse": (20, 40)}
@@ -38,8 +33,13 @@ ACCURACY = {
 }
 
 
+# pe -> seed 2's own shift beside 0.02 * seed, so that differences between seeds spread (rope
+# and alibi alike, so that their ties stay ties); none's seeds differ by the common shift alone
+NOISE = {"rope": -0.01, "alibi": -0.01, "fox": 0.01}
+
+
 def fake_synthetic_run(directory: Path, task: str, pe: str, seed: int) -> Path:
-    shift = 0.02 * seed
+    shift = 0.02 * seed + (NOISE.get(pe, 0.0) if seed == 2 else 0.0)
     test = {"step": 11, "test/acc": 0.5}
     for end, accuracy in zip(BUCKETS[task], ACCURACY[pe], strict=False):
         test[f"test/acc@{end}"] = accuracy - shift
@@ -192,6 +192,15 @@ def test_each_table_gives_exact_match_past_the_training_lengths(tmp_path):
     )
 
 
+def verdicts(text: str, *labels: str) -> list[str]:
+    """The verdict word of each cell of the row that opens with `labels` (a cell without a
+    test: its note)."""
+    opening = "| " + " | ".join(labels) + " | "
+    (line,) = [line for line in text.splitlines() if line.startswith(opening)]
+    cells = line.removeprefix(opening).removesuffix(" |").split(" | ")
+    return [cell.rpartition("): ")[2] if "Holm p" in cell else cell for cell in cells]
+
+
 def test_an_among_block_ranks_only_its_configurations_and_judges_each_pair(tmp_path):
     study_with_three_seeds(tmp_path, ("copy", "sort", "reverse"))
     results_md = tmp_path / "RESULTS.md"
@@ -206,8 +215,14 @@ def test_an_among_block_ranks_only_its_configurations_and_judges_each_pair(tmp_p
     assert "| pe=none | 3 | 1.000 ± 0.000 |" in text
     assert "| pe=rope | 3 | 0.500 ± 0.000 |" in text
     assert text.index("| pe=none | 3 | 1.000") < text.index("| pe=rope | 3 | 0.500")
-    assert "| first | second | mean reciprocal rank | copy | sort | reverse |" in text
-    assert "| pe=none | pe=rope | ahead | ahead | ahead | ahead |" in text
+    assert "| first | second | mean reciprocal rank | all tasks | copy | sort | reverse |" in text
+    # none ranks first in every task and seed: no spread, so no verdict on the ranks
+    assert verdicts(text, "pe=none", "pe=rope") == [
+        "every task differs by exactly +0.500", "ahead", "ahead", "ahead", "ahead"
+    ]  # fmt: skip
+    # over tasks: copy +0.530, sort and reverse +0.397 -> mean +0.441, t interval over 3 tasks
+    assert "+0.441 ± 0.191 (paired by task, n=3; Holm p = 0.010): ahead" in text
+    assert "Holm–Bonferroni over the 4 comparisons of this table." in text
     assert "![" not in text and not (tmp_path / "docs" / "results" / "lg.png").exists()
 
 
@@ -230,7 +245,12 @@ def test_a_block_beside_another_study_ranks_its_runs_with_the_others(tmp_path):
     text = regenerate(results_md, draw=True)
     assert "| pe=fox | 3 | 1.000 ± 0.000 |" in text and "| pe=none | 3 | 0.500 ± 0.000 |" in text
     assert "| pe=rope | 3 | 0.333 ± 0.000 |" in text and "tags" not in text
-    assert "| pe=fox | pe=none | ahead | ahead | tie | tie |" in text
+    # fox is ahead of none in each task, but over only three tasks that spread (+0.097,
+    # +0.047, +0.047) the mean of +0.063 is not told apart from 0
+    assert verdicts(text, "pe=fox", "pe=none") == [
+        "every task differs by exactly +0.500", "tie", "ahead", "ahead", "ahead"
+    ]  # fmt: skip
+    assert "Holm–Bonferroni over the 12 comparisons of this table." in text
     results_md.write_text(
         "<!-- results:wave generalization beside=lg;nope -->\n<!-- /results:wave -->\n"
     )
@@ -264,9 +284,9 @@ def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp
     for among in ("pe=fox,pe.max_distance=per_task", "pe.max_distance=per_task,pe=fox"):
         # a label's keys in any order: their order follows the records read
         results_md.write_text(block.format(f" among={among};pe=none") + "<!-- /results:t5 -->\n")
-        assert "| pe=fox,pe.max_distance=per_task | pe=none | ahead | ahead | tie | tie |" in (
-            regenerate(results_md, draw=False)
-        )
+        assert verdicts(
+            regenerate(results_md, draw=False), "pe=fox,pe.max_distance=per_task", "pe=none"
+        ) == ["every task differs by exactly +0.500", "tie", "ahead", "ahead", "ahead"]
     twice = " among=pe=fox,pe.max_distance=per_task;pe=none;pe.max_distance=per_task,pe=fox"
     results_md.write_text(block.format(twice) + "<!-- /results:t5 -->\n")
     with pytest.raises(ConfigError, match=r"names pe\.max_distance=per_task,pe=fox twice among"):
@@ -275,7 +295,8 @@ def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp
         "<!-- results:t5 generalization per_task=pe.max_distance -->\n<!-- /results:t5 -->\n"
     )
     text = regenerate(results_md, draw=False)
-    assert "| pe.max_distance=per_task | 3 | 0.980 ± 0.050 |" in text  # not the first run's name
+    # not the first run's name; fox's seeds 1.0, 0.98, 0.95: s = 0.0252, t(0.975, 2) = 4.303
+    assert "| pe.max_distance=per_task | 3 | 0.977 ± 0.063 |" in text
     assert "**Mean reciprocal rank**: not given, with one configuration to rank." in text
     sort_seed_0 = matched / "3" / ".hydra" / "overrides.yaml"
     sort_seed_0.write_text(sort_seed_0.read_text().replace("max_distance=17", "max_distance=18"))

@@ -248,10 +248,10 @@ def family_legend(differences: Sequence[Difference]) -> str:
 
 
 def by_seed(config: Configuration, metric: str) -> dict[str, float]:
-    """The configuration's last value of `metric` in each run, keyed by the run's seed."""
-    return {
-        run.value(SEED): found for run in config.runs if (found := run.last(metric)) is not None
-    }
+    """The configuration's last value of `metric` in each run that ended on a number, keyed
+    by the run's seed."""
+    found = {run.value(SEED): run.last(metric) for run in config.runs if metric not in run.nan}
+    return {seed: v for seed, v in found.items() if v is not None and math.isfinite(v)}
 
 
 def baseline_of(labels: Sequence[str], label: str | None, what: str) -> str:

@@ -10,10 +10,10 @@ import pytest
 import yaml
 from test_compare import fake_run
 
+from attnlab.compare.differences import corrected, verdict
 from attnlab.compare.results import archive, regenerate
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, equivalence
-from attnlab.compare.differences import corrected, verdict
 from attnlab.compare.significance import (
     bootstrap_table,
     located,

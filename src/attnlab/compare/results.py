@@ -200,7 +200,7 @@ def block(
     table = contrasts if among is not None and contrasts else KINDS[kind].table
     told = table(configs, baseline) if KINDS[kind].baseline else table(configs)
     text = budget(runs) + "\n\n" + (matched + "\n\n" if matched else "") + told + "\n"
-    if baseline is not None:
+    if baseline is not None and kind == "configurations":  # test BLEU's: seq2seq runs
         text += "\n" + bootstrap_table(configs, baseline, root, bleu_margin(study, margin)) + "\n"
     elif margin is not None:
         raise ConfigError(

@@ -27,6 +27,7 @@ from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import best_first, configurations, summary
 from attnlab.errors import ConfigError
 from attnlab.runner import status
+from attnlab.tasks.probe.report import token_summary
 
 FIXTURE = Path(__file__).parent / "data" / "results"
 
@@ -99,7 +100,7 @@ def test_a_measurement_that_contradicts_the_prediction_is_flagged(tmp_path):
     results_md = fixture_copy(tmp_path)
     records = results_md.parent / "docs" / "results" / "runs" / "probe_sample"
     before = regenerate(results_md, draw=False)
-    assert "| none | softmax | 2 | 0.118 ± 0.000 |" in before  # at the bound, as predicted
+    assert "| none | softmax | 2 | 0.118 (all 2 seeds at the bound) |" in before  # as predicted
     cannot = next(run for run in find_runs(records) if run.overrides["norm"] == "softmax")
     metrics = cannot.path / "csv" / "metrics.csv"
     *lines, last = metrics.read_text().splitlines()
@@ -375,8 +376,8 @@ def against(tmp_path: Path, accuracy: dict[str, tuple[float, ...]], baseline: st
                          [{"step": 1, "test/acc": acc}])  # fmt: skip
     table = configurations_table(configurations(find_runs(tmp_path), ["pe", "seed"]), baseline)
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
-    column = rows[0].index(f"test/acc vs pe={baseline or 'none'}")
-    return table, {row[0].removeprefix("| "): row[column] for row in rows[2:]}
+    column = rows[0].index(f"test/acc vs {baseline or 'pe=none'}")
+    return table, {row[0].removeprefix("| "): row[column] for row in rows[1:]}
 
 
 def test_each_configuration_is_compared_with_the_baseline_paired_by_seed(tmp_path):
@@ -424,3 +425,10 @@ def test_compare_takes_a_baseline_and_names_the_labels_for_an_unknown_one(tmp_pa
     with pytest.raises(ConfigError, match=r"--baseline pe=xl is none of the configurations: "
                        r"name one of pe=rope; pe=t5"):  # fmt: skip
         compare(tmp_path, baseline="pe=xl")
+
+
+def test_a_probe_whose_every_seed_sits_at_the_chance_bound_says_so():
+    bound = 16 / 136
+    assert token_summary([bound] * 3, bound) == "0.118 (all 3 seeds at the bound)"
+    assert token_summary([bound, bound, 0.2], bound) == summary([bound, bound, 0.2])
+    assert token_summary([bound], bound) == "0.118 (1 seed: no interval)"

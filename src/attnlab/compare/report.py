@@ -261,7 +261,7 @@ def configurations_table(configs: list[Configuration], baseline: str | None = No
         return markdown_table(rows)
     chosen = "named by the block" if baseline else "the first configuration of the sweep"
     legend = (
-        f"vs {base_label} ({chosen}): each configuration's test {metric} minus the "
+        f"vs {base_label} ({chosen}): each configuration's {metric} minus the "
         f"baseline's, with its 95% interval, paired by seed on the seeds both ran (n pairs), "
         f"else Welch's t (n of each); {'×: the ratio, on logs; ' if 'ppl' in metric else ''}"
         f"ahead or behind ({mode} is better) where Holm's adjusted p < 0.05, else tie. "

@@ -14,18 +14,20 @@ import math
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from matplotlib.image import imread
+from scipy import stats
 from test_compare import fake_run, read_csv
 
 from attnlab.compare.lengths import applicable
 from attnlab.compare.runs import find_runs
-from attnlab.compare.seeds import configurations, interval, summary
+from attnlab.compare.seeds import configurations, interval, number, summary
 from attnlab.errors import ConfigError
 from attnlab.reports.families import compare
 from attnlab.reports.results import archive, regenerate
-from attnlab.tasks.lm.report import position_bands, ppl_bands
+from attnlab.tasks.lm.report import lengths_table, position_bands, ppl_bands
 from attnlab.tasks.lm.sinks import sink_band, sinks_by_layer, sinks_table
 
 LENGTHS = (32, 64, 128)
@@ -361,3 +363,24 @@ def test_compare_shows_the_sink_at_each_length(tmp_path):
     for n in LENGTHS:
         assert float(rows["rope2"][f"test/sink@{n}"]) == pytest.approx(sum(shares(n, 2)) / 2)
     assert rows["alibi0"]["test/sink@32"] == ""
+
+
+def test_each_length_is_compared_with_the_training_length_paired_by_seed(tmp_path):
+    at_32, at_64, at_128 = (6.0, 6.3, 6.5), (5.92, 6.235, 6.43), (6.5, 6.2, 7.0)
+    for seed in range(3):
+        ppl = {32: at_32[seed], 64: at_64[seed], 128: at_128[seed]}
+        fake_lm_run(tmp_path / f"alibi{seed}", ["pe=alibi", f"seed={seed}"], ppl)
+        fake_lm_run(tmp_path / f"learned{seed}", ["pe=learned", f"seed={seed}"], ppl, bound=32)
+    table = lengths_table(configurations(find_runs(tmp_path), ["pe", "seed"]))
+    differences = table.split("From which length on")[1]
+    assert "| pe | windows | trained on | L=64 | L=128 |" in differences
+    # 64 − 32: −0.08, −0.065, −0.07, lower in every seed; the ratio from the mean log ratio
+    logs = np.log(at_64) - np.log(at_32)
+    p = stats.ttest_1samp(logs, 0.0).pvalue
+    ratio = number(math.exp(logs.mean()))
+    assert f"| alibi | non-overlapping | 32 | −0.072 ± 0.019 ×{ratio} [" in differences
+    assert f"(paired by seed, n=3; Holm p = {min(1.0, 4 * p):.3f}): improves |" in differences
+    row = next(line for line in differences.splitlines() if "| alibi | non-overlapping" in line)
+    assert row.endswith("): tie |")  # 128 − 32: +0.5, −0.1, +0.5
+    assert "| learned | non-overlapping | 32 | n/a | n/a |" in differences
+    assert "Holm–Bonferroni over the 4 comparisons of this table." in differences

@@ -15,18 +15,14 @@ from test_compare import fake_run
 from test_compare_lm import is_png_image
 
 from attnlab.compare.blocks import block_options
+from attnlab.compare.differences import corrected, difference, formatted
 from attnlab.compare.runs import find_runs
-from attnlab.compare.seeds import Configuration, configurations, label_pairs, paired_compared
+from attnlab.compare.seeds import Configuration, configurations, label_pairs
 from attnlab.errors import ConfigError
 from attnlab.reports.families import compare
 from attnlab.reports.results import regenerate
-from attnlab.tasks.synthetic.report import (
-    by_task,
-    generalization_table,
-    longer_accuracy,
-    longest_bucket_matrix,
-    reciprocal_ranks,
-)
+from attnlab.tasks.synthetic.ranks import by_task, longer_accuracy, reciprocal_ranks
+from attnlab.tasks.synthetic.report import generalization_table, longest_bucket_matrix
 
 # task -> its bucket ends; pe -> exact match in each bucket, before the seed's shift
 BUCKETS = {"copy": (20, 40, 60, 80), "mqar": (64, 128), "sort": (20, 40), "reverse": (20, 40)}
@@ -38,11 +34,20 @@ ACCURACY = {
 }
 
 
-def fake_synthetic_run(directory: Path, task: str, pe: str, seed: int) -> Path:
-    shift = 0.02 * seed
-    test = {"step": 11, "test/acc": 0.5}
-    for end, accuracy in zip(BUCKETS[task], ACCURACY[pe], strict=False):
-        test[f"test/acc@{end}"] = accuracy - shift
+# pe -> seed 2's own shift beside 0.02 * seed, so that differences between seeds spread (rope
+# and alibi alike, so that their ties stay ties); none's seeds differ by the common shift alone
+NOISE = {"rope": -0.01, "alibi": -0.01, "fox": 0.01}
+
+
+def fake_synthetic_run(
+    directory: Path, task: str, pe: str, seed: int, overall: float = 0.5, past: float | None = None
+) -> Path:
+    """A run of `task`: its pe's exact match by bucket less the seed's shift (`past`: every
+    bucket past the first instead), and `overall` as its test exact match over all lengths."""
+    shift = 0.02 * seed + (NOISE.get(pe, 0.0) if seed == 2 else 0.0)
+    test = {"step": 11, "test/acc": overall}
+    for n, (end, accuracy) in enumerate(zip(BUCKETS[task], ACCURACY[pe], strict=False)):
+        test[f"test/acc@{end}"] = past if n and past is not None else accuracy - shift
     overrides = [f"task={task}", f"pe={pe}", f"seed={seed}"]
     fake_run(directory, overrides, [{"step": 10, "val/acc": 1.0}, test])
     config_file = directory / ".hydra" / "config.yaml"
@@ -192,6 +197,15 @@ def test_each_table_gives_exact_match_past_the_training_lengths(tmp_path):
     )
 
 
+def verdicts(text: str, *labels: str) -> list[str]:
+    """The verdict word of each cell of the last row that opens with `labels` (the table of
+    differences follows the tables by length; a cell without a test: its note)."""
+    opening = "| " + " | ".join(labels) + " | "
+    line = [line for line in text.splitlines() if line.startswith(opening)][-1]
+    cells = line.removeprefix(opening).removesuffix(" |").split(" | ")
+    return [cell.rpartition("): ")[2] if "Holm p" in cell else cell for cell in cells]
+
+
 def test_an_among_block_ranks_only_its_configurations_and_judges_each_pair(tmp_path):
     study_with_three_seeds(tmp_path, ("copy", "sort", "reverse"))
     results_md = tmp_path / "RESULTS.md"
@@ -206,8 +220,14 @@ def test_an_among_block_ranks_only_its_configurations_and_judges_each_pair(tmp_p
     assert "| pe=none | 3 | 1.000 ± 0.000 |" in text
     assert "| pe=rope | 3 | 0.500 ± 0.000 |" in text
     assert text.index("| pe=none | 3 | 1.000") < text.index("| pe=rope | 3 | 0.500")
-    assert "| first | second | mean reciprocal rank | copy | sort | reverse |" in text
-    assert "| pe=none | pe=rope | ahead | ahead | ahead | ahead |" in text
+    assert "| first | second | mean reciprocal rank | all tasks | copy | sort | reverse |" in text
+    # none ranks first in every task and seed: no spread, so no verdict on the ranks
+    assert verdicts(text, "pe=none", "pe=rope") == [
+        "every task differs by exactly +0.500", "ahead", "ahead", "ahead", "ahead"
+    ]  # fmt: skip
+    # over tasks: copy +0.530, sort and reverse +0.397 -> mean +0.441, t interval over 3 tasks
+    assert "+0.441 ± 0.191 (paired by task, n=3; Holm p = 0.010): ahead" in text
+    assert "Holm–Bonferroni over the 4 comparisons of this table." in text
     assert "![" not in text and not (tmp_path / "lg.png").exists()
 
 
@@ -230,7 +250,12 @@ def test_a_block_beside_another_study_ranks_its_runs_with_the_others(tmp_path):
     text = regenerate(results_md, draw=True)
     assert "| pe=fox | 3 | 1.000 ± 0.000 |" in text and "| pe=none | 3 | 0.500 ± 0.000 |" in text
     assert "| pe=rope | 3 | 0.333 ± 0.000 |" in text and "tags" not in text
-    assert "| pe=fox | pe=none | ahead | ahead | tie | tie |" in text
+    # fox is ahead of none in each task, but over only three tasks that spread (+0.097,
+    # +0.047, +0.047) the mean of +0.063 is not told apart from 0
+    assert verdicts(text, "pe=fox", "pe=none") == [
+        "every task differs by exactly +0.500", "tie", "ahead", "ahead", "ahead"
+    ]  # fmt: skip
+    assert "Holm–Bonferroni over the 12 comparisons of this table." in text
     results_md.write_text(
         "<!-- results:wave generalization beside=lg;nope -->\n<!-- /results:wave -->\n"
     )
@@ -264,9 +289,9 @@ def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp
     for among in ("pe=fox,pe.max_distance=per_task", "pe.max_distance=per_task,pe=fox"):
         # a label's keys in any order: their order follows the records read
         results_md.write_text(block.format(f" among={among};pe=none") + "<!-- /results:t5 -->\n")
-        assert "| pe=fox,pe.max_distance=per_task | pe=none | ahead | ahead | tie | tie |" in (
-            regenerate(results_md, draw=False)
-        )
+        assert verdicts(
+            regenerate(results_md, draw=False), "pe=fox,pe.max_distance=per_task", "pe=none"
+        ) == ["every task differs by exactly +0.500", "tie", "ahead", "ahead", "ahead"]
     twice = " among=pe=fox,pe.max_distance=per_task;pe=none;pe.max_distance=per_task,pe=fox"
     results_md.write_text(block.format(twice) + "<!-- /results:t5 -->\n")
     with pytest.raises(ConfigError, match=r"names pe\.max_distance=per_task,pe=fox twice among"):
@@ -275,7 +300,8 @@ def test_a_setting_matched_to_each_task_makes_one_configuration_across_tasks(tmp
         "<!-- results:t5 generalization per_task=pe.max_distance -->\n<!-- /results:t5 -->\n"
     )
     text = regenerate(results_md, draw=False)
-    assert "| pe.max_distance=per_task | 3 | 0.980 ± 0.050 |" in text  # not the first run's name
+    # not the first run's name; fox's seeds 1.0, 0.98, 0.95: s = 0.0252, t(0.975, 2) = 4.303
+    assert "| pe.max_distance=per_task | 3 | 0.977 ± 0.063 |" in text
     assert "**Mean reciprocal rank**: not given, with one configuration to rank." in text
     sort_seed_0 = matched / "3" / ".hydra" / "overrides.yaml"
     sort_seed_0.write_text(sort_seed_0.read_text().replace("max_distance=17", "max_distance=18"))
@@ -322,10 +348,58 @@ def test_a_single_task_gets_no_mean_reciprocal_rank(tmp_path):
 
 
 def test_pairs_by_task_judge_the_mean_of_the_differences():
-    assert paired_compared([0.10, 0.12, 0.11]) == "ahead"  # small, steady: found
-    assert paired_compared([-0.5, -0.4, -0.6]) == "behind"
-    assert paired_compared([0.5, -0.4, 0.1]) == "tie"
-    assert paired_compared([0.5, 0.5]) == "fewer than 3 tasks"
+    tasks = ("copy", "sort", "reverse")
+
+    def by_task_verdict(differences: list[float]) -> str:
+        first = dict(zip(tasks, (0.5 + d for d in differences), strict=False))
+        found = difference(first, dict.fromkeys(tasks, 0.5), unit="task")
+        return formatted(corrected([found])[0], "max").rpartition(": ")[2] or found.note
+
+    assert by_task_verdict([0.10, 0.12, 0.11]) == "ahead"  # small, steady: found
+    assert by_task_verdict([-0.5, -0.4, -0.6]) == "behind"
+    assert by_task_verdict([0.5, -0.4, 0.1]) == "tie"
+    assert by_task_verdict([0.5, 0.5]) == "fewer than 3 tasks"
+
+
+def test_the_papers_way_pools_ranks_by_overall_exact_match_beside_the_published_values(tmp_path):
+    # none first everywhere; rope and alibi tie (rank 2.5) but in seed 2, where rope is second
+    overall = {"none": (0.9, 0.9, 0.9), "rope": (0.4, 0.4, 0.4), "alibi": (0.4, 0.4, 0.3)}
+    for task in ("copy", "sort"):
+        for pe, values in overall.items():
+            for seed, value in enumerate(values):
+                fake_synthetic_run(tmp_path / f"{task}_{pe}{seed}", task, pe, seed, value)
+    table = generalization_table(configs(tmp_path))
+    assert "in each of the 6 task × seed columns that every configuration ran" in table
+    assert (
+        "| configuration | columns | mean 1/rank, pooled | Kazemnejad et al. 2023, Fig. 1 |"
+        in table
+    )
+    assert "| pe=none | 6 | 1.000 | 0.69 |" in table
+    assert "| pe=rope | 6 | 0.433 | 0.33 |" in table  # (4 × 1/2.5 + 2 × 1/2) / 6
+    assert "| pe=alibi | 6 | 0.378 | 0.50 |" in table  # (4 × 1/2.5 + 2 × 1/3) / 6
+    assert "breaks ties by their order" in table
+
+
+def test_each_configuration_stands_against_the_blocks_baseline_and_chance_is_no_verdict(tmp_path):
+    records = study_with_three_seeds(tmp_path, ("copy", "sort", "reverse"))
+    for pe in ("rope", "none", "alibi"):  # nobody gets a long mqar answer right
+        for seed in range(3):
+            fake_synthetic_run(records / f"mqar_{pe}{seed}", "mqar", pe, seed, past=0.0)
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text(
+        "<!-- results:lg generalization baseline=pe=rope -->\n<!-- /results:lg -->\n"
+    )
+    text = regenerate(results_md, draw=False)
+    assert "**Against pe=rope** (named by the block)" in text
+    assert "| configuration | all tasks | copy | sort | reverse | mqar |" in text
+    assert verdicts(text, "pe=none") == [
+        "ahead", "ahead", "ahead", "ahead",
+        "every run at chance (exact match 0.000): the budget is too small to compare",
+    ]  # fmt: skip
+    # over the three tasks where some run beat chance: copy +0.530, sort and reverse +0.397
+    assert "+0.441 ± 0.191 (paired by task, n=3; Holm p = " in text
+    assert "Paired bootstrap" not in text  # test BLEU's, not exact match's
+    assert "Holm–Bonferroni over the 5 comparisons of this table." in text  # none 4, alibi 1
 
 
 def test_an_among_block_naming_a_configuration_the_records_lack_is_one_sentence(tmp_path):

@@ -21,12 +21,14 @@ from test_compare import fake_run
 
 from attnlab import status
 from attnlab.compare.budget import budget, stopped_by
+from attnlab.compare.report import configurations_table
 from attnlab.compare.runs import find_runs
-from attnlab.compare.seeds import best_first, compared, configurations, standing, summary
+from attnlab.compare.seeds import best_first, configurations, summary
 from attnlab.errors import ConfigError
 from attnlab.reports import results
 from attnlab.reports.families import compare
 from attnlab.reports.results import archive, regenerate, regenerate_pages
+from attnlab.tasks.probe.report import token_summary
 
 FIXTURE = Path(__file__).parent / "data" / "results"
 
@@ -103,7 +105,7 @@ def test_a_measurement_that_contradicts_the_prediction_is_flagged(tmp_path):
     results_md = fixture_copy(tmp_path)
     records = results_md.parent / "docs" / "results" / "runs" / "probe_sample"
     before = regenerate(results_md, draw=False)
-    assert "| none | softmax | 2 | 0.118 ± 0.000 |" in before  # at the bound, as predicted
+    assert "| none | softmax | 2 | 0.118 (all 2 seeds at the bound) |" in before  # as predicted
     cannot = next(run for run in find_runs(records) if run.overrides["norm"] == "softmax")
     metrics = cannot.path / "csv" / "metrics.csv"
     *lines, last = metrics.read_text().splitlines()
@@ -206,19 +208,8 @@ def test_runs_that_differ_only_in_their_seed_form_one_configuration(tmp_path):
     assert sorted(c.label for c in configs) == ["pe=none", "pe=rope", "pe=t5"]
     configs = sorted(configs, key=lambda c: ["pe=rope", "pe=t5", "pe=none"].index(c.label))
     assert [c.mean("test/acc") for c in configs] == pytest.approx([0.8, 0.775, 0.15])
-    # rope 0.8 ± 0.248 and t5 0.775 ± 0.062 overlap; none 0.15 ± 0.124 lies apart from both
-    assert standing(configs, "test/acc", "max") == {
-        "pe=rope": "best",
-        "pe=t5": "tie",
-        "pe=none": "below",
-    }
-    assert standing(configs, "test/acc", "min") == {
-        "pe=none": "best",
-        "pe=t5": "below",
-        "pe=rope": "below",
-    }
     two_seeds = configurations([r for r in runs if r.value("seed") != "2"], ["pe", "seed"])
-    assert standing(two_seeds, "test/acc", "max") == {}, "fewer than 3 seeds: no verdict"
+    assert "vs " not in configurations_table(two_seeds), "fewer than 3 seeds: no verdict"
     fake_run(tmp_path / "6", ["pe=xl", "seed=0"], [{"step": 1, "val/acc": 0.5}])
     with_unmeasured = configurations(find_runs(tmp_path), ["pe", "seed"])
     assert [c.label for c in best_first(with_unmeasured, "test/acc", "min")] == [
@@ -380,16 +371,69 @@ def test_with_seeds_swept_the_curves_are_configurations_with_their_range(tmp_pat
     assert drawn["val/loss"] == {"pe=rope (2 seeds)": band, "pe=t5 (2 seeds)": band}
 
 
-@pytest.mark.parametrize(
-    ("first", "second", "verdict"),
-    [
-        ([0.9, 0.91, 0.92], [0.5, 0.6, 0.7], "ahead"),  # 0.910 ± 0.025 against 0.600 ± 0.248
-        ([0.5, 0.6, 0.7], [0.9, 0.91, 0.92], "behind"),
-        ([0.9, 0.91, 0.92], [0.6, 0.7, 0.8], "tie"),  # 0.700 ± 0.248 reaches 0.948
-        ([0.9, 0.91, 0.92], [0.5, 0.6], "fewer than 3 seeds"),
-        ([0.0, 0.0, 0.0], [0.0, 0.0, 0.0], "tie"),  # equal, no spread
-        ([0.01, 0.01, 0.01], [0.0, 0.0, 0.0], "ahead"),  # unequal, no spread
-    ],
-)
-def test_two_configurations_differ_only_when_their_intervals_do_not_overlap(first, second, verdict):
-    assert compared(first, second) == verdict
+def against(tmp_path: Path, accuracy: dict[str, tuple[float, ...]], baseline: str | None):
+    """The configurations table of runs with these test accuracies by seed, against
+    `baseline`: the cell of each configuration by its label."""
+    for pe, values in accuracy.items():
+        for seed, acc in enumerate(values):
+            if not (tmp_path / f"{pe}{seed}").exists():
+                fake_run(tmp_path / f"{pe}{seed}", [f"pe={pe}", f"seed={seed}"],
+                         [{"step": 1, "test/acc": acc}])  # fmt: skip
+    table = configurations_table(configurations(find_runs(tmp_path), ["pe", "seed"]), baseline)
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
+    column = rows[0].index(f"test/acc vs {baseline or 'pe=none'}")
+    return table, {row[0].removeprefix("| "): row[column] for row in rows[1:]}
+
+
+def test_each_configuration_is_compared_with_the_baseline_paired_by_seed(tmp_path):
+    # rope − none: 0.8, 0.5, 0.65 (t = 7.5, p = 0.017); t5 − none: 0.7, 0.55, 0.625 (p = 0.005)
+    accuracy = {"none": (0.1, 0.2, 0.15), "rope": (0.9, 0.7, 0.8), "t5": (0.8, 0.75, 0.775)}
+    table, cells = against(tmp_path, accuracy, "pe=none")
+    assert cells == {
+        "rope": "+0.650 ± 0.373 (paired by seed, n=3; Holm p = 0.017): ahead",
+        "t5": "+0.625 ± 0.186 (paired by seed, n=3; Holm p = 0.010): ahead",
+        "none": "baseline",
+    }
+    assert "vs pe=none (named by the block)" in table
+    assert "Holm–Bonferroni over the 2 comparisons of this table." in table
+    # without a baseline: the first configuration in the sweep's order, said in the legend
+    assert "vs pe=none (the first configuration of the sweep)" in against(tmp_path, {}, None)[0]
+    with pytest.raises(ConfigError, match=r"baseline pe=xl is none of the configurations: name "
+                       r"one of pe=none; pe=rope; pe=t5"):  # fmt: skip
+        configurations_table(configurations(find_runs(tmp_path), ["pe", "seed"]), "pe=xl")
+
+
+def test_a_standing_against_a_named_baseline_stays_when_a_better_configuration_is_added(tmp_path):
+    accuracy = {"none": (0.1, 0.2, 0.15), "rope": (0.9, 0.7, 0.8), "t5": (0.8, 0.75, 0.775)}
+    _, before = against(tmp_path, accuracy, "pe=none")
+    # xl − none: 0.89, 0.78, 0.835; under the rule of overlapping intervals against the best,
+    # rope was best and would now stand below xl
+    _, after = against(tmp_path, {**accuracy, "xl": (0.99, 0.98, 0.985)}, "pe=none")
+    assert after["xl"].endswith(": ahead")
+    for label in ("rope", "t5"):
+        assert after[label].split("Holm p")[0] == before[label].split("Holm p")[0]
+        assert after[label].rpartition(": ")[2] == before[label].rpartition(": ")[2] == "ahead"
+    assert after["none"] == "baseline"
+
+
+def test_compare_takes_a_baseline_and_names_the_labels_for_an_unknown_one(tmp_path):
+    for job, (pe, seed, acc) in enumerate(
+        [(pe, seed, acc + 0.01 * seed**2) for pe, acc in (("rope", 0.9), ("t5", 0.5))
+         for seed in range(3)]
+    ):  # fmt: skip
+        fake_run(tmp_path / str(job), [f"pe={pe}", f"seed={seed}"], [{"step": 1, "test/acc": acc}])
+    compare(tmp_path, baseline="pe=t5")
+    document = (tmp_path / "comparison.md").read_text()
+    assert (
+        "| test/acc vs pe=t5 |" in document and "every seed differs by exactly +0.400" in document
+    )
+    with pytest.raises(ConfigError, match=r"--baseline pe=xl is none of the configurations: "
+                       r"name one of pe=rope; pe=t5"):  # fmt: skip
+        compare(tmp_path, baseline="pe=xl")
+
+
+def test_a_probe_whose_every_seed_sits_at_the_chance_bound_says_so():
+    bound = 16 / 136
+    assert token_summary([bound] * 3, bound) == "0.118 (all 3 seeds at the bound)"
+    assert token_summary([bound, bound, 0.2], bound) == summary([bound, bound, 0.2])
+    assert token_summary([bound], bound) == "0.118 (1 seed: no interval)"

@@ -10,9 +10,16 @@ import pytest
 import yaml
 from test_compare import fake_run
 
+from attnlab.compare.differences import corrected, verdict
 from attnlab.compare.runs import find_runs
 from attnlab.compare.seeds import configurations, equivalence
-from attnlab.compare.significance import bootstrap_table, located, paired, references, verdict
+from attnlab.compare.significance import (
+    bootstrap_table,
+    located,
+    paired,
+    references,
+    seed_paired,
+)
 from attnlab.errors import ConfigError
 from attnlab.reports.results import archive, regenerate
 
@@ -36,9 +43,12 @@ def study(tmp_path: Path, seeds=(0, 1, 2)) -> tuple[list, Path]:
     data.mkdir(parents=True)
     (data / "test.de").write_text("".join(f"{line}\n" for line in REFERENCES))
     runs = tmp_path / "runs"
-    for seed in seeds:
-        translation_run(runs / f"dot{seed}", "dot", seed, data, REFERENCES[:40] + WORSE[40:])
-        translation_run(runs / f"near{seed}", "random", seed, data, REFERENCES[:39] + WORSE[39:])
+    for seed in seeds:  # dot gets 40 + seed sentences right, near one more or one fewer
+        right, near = 40 + seed, (39, 42, 41)[seed]
+        translation_run(runs / f"dot{seed}", "dot", seed, data, REFERENCES[:right] + WORSE[right:])
+        translation_run(
+            runs / f"near{seed}", "random", seed, data, REFERENCES[:near] + WORSE[near:]
+        )
         translation_run(
             runs / f"worse{seed}", "dense", seed, data, WORSE[:10] + REFERENCES[10:20] + WORSE[20:]
         )
@@ -49,10 +59,11 @@ def test_a_clearly_worse_system_is_behind_and_a_nearly_identical_one_ties(tmp_pa
     configs, _ = study(tmp_path)
     table = bootstrap_table(configs, "synthesizer=dot", tmp_path)
     rows = {line.split(" | ")[0].removeprefix("| "): line for line in table.splitlines()}
-    assert rows["synthesizer=dense"].endswith("| behind |")
+    assert rows["synthesizer=dense"].endswith(": behind |")
+    assert "(paired by seed, n=3; Holm p < 0.001): behind" in rows["synthesizer=dense"]
     assert rows["synthesizer=dense"].count("(p = 0.001)") == 3  # 1 / (1,000 + 1), rounded
-    assert rows["synthesizer=random"].endswith("| tie |")
-    p_values = [float(p) for p in re.findall(r"p = ([0-9.]+)", rows["synthesizer=random"])]
+    assert rows["synthesizer=random"].endswith(": tie |")
+    p_values = [float(p) for p in re.findall(r"\(p = ([0-9.]+)\)", rows["synthesizer=random"])]
     assert len(p_values) == 3 and min(p_values) > 0.05  # one sentence of sixty differs
     assert "synthesizer=dot |" not in table  # the baseline has no row of its own
 
@@ -69,11 +80,23 @@ def test_the_bootstrap_is_the_same_every_time(tmp_path):
 def test_fewer_than_three_seeds_give_no_verdict(tmp_path):
     configs, _ = study(tmp_path, seeds=(0, 1))
     table = bootstrap_table(configs, "synthesizer=dot", tmp_path)
-    assert table.count("| fewer than 3 seeds: no verdict |") == 2
-    assert verdict([(-5.0, 0.001)] * 3) == "behind" and verdict([(5.0, 0.001)] * 3) == "ahead"
-    assert verdict([(-5.0, 0.001), (-5.0, 0.2), (-5.0, 0.001)]) == "tie"
+    assert table.count("| fewer than 3 seeds |") == 2
+
+
+def test_the_verdict_is_the_seed_paired_t_test_of_the_bleu_differences_with_holm():
+    # BLEU gain per seed (the bootstrap's p-values are not combined)
+    behind = {"0": -5.0, "1": -4.0, "2": -6.0}
+    noisy = {"0": 1.0, "1": -0.9, "2": 0.2}
+    alone = corrected([seed_paired(behind)])
+    assert verdict(alone[0], "max") == "behind"  # d = −5, −4, −6: t = −8.66, p = 0.013
+    assert [verdict(d, "max") for d in corrected([seed_paired(behind), seed_paired(noisy)])] == [
+        "behind",  # Holm: 2 × 0.013 = 0.026
+        "tie",
+    ]
+    same = dict.fromkeys(behind, 0.0)
     # sacreBLEU gives identical outputs p = 1 / (resamples + 1), "not attributed to chance"
-    assert verdict([(0.0, 0.001)] * 3) == "tie"
+    assert verdict(corrected([seed_paired(same)])[0], "max") == ""
+    assert seed_paired(same).note == "equal in each of the 3 seeds"
 
 
 def test_references_recorded_on_another_machine_are_found_in_shared_data(tmp_path):
@@ -113,7 +136,7 @@ def test_a_results_block_with_a_baseline_archives_hypotheses_and_adds_the_bootst
     )
     text = regenerate(results_md, draw=False)
     assert "Paired bootstrap resampling of test BLEU against synthesizer=dot" in text
-    assert "| synthesizer=dense |" in text and text.count("| behind |") == 1
+    assert "| synthesizer=dense |" in text and text.count(": behind |") == 1
 
 
 def test_equivalence_is_two_one_sided_tests_on_the_paired_differences():
@@ -129,8 +152,8 @@ def test_a_margin_adds_the_equivalence_test_to_the_bootstrap_table(tmp_path):
     table = bootstrap_table(configs, "synthesizer=dot", tmp_path, margin=5.0)
     assert "| verdict | within ±5 BLEU (two one-sided tests) |" in table
     rows = {line.split(" | ")[0].removeprefix("| "): line for line in table.splitlines()}
-    assert "| tie | equivalent (90% interval" in rows["synthesizer=random"]  # one sentence
-    assert "| behind | not equivalent (90% interval" in rows["synthesizer=dense"]
+    assert ": tie | equivalent (90% interval" in rows["synthesizer=random"]  # one sentence
+    assert ": behind | not equivalent (90% interval" in rows["synthesizer=dense"]
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="write them here instead (e.g. beside archived records)",
     )
+    compare.add_argument(
+        "--baseline",
+        default=None,
+        metavar="LABEL",
+        help="the configuration the others are compared with, e.g. pe=rope "
+        "(default: the first of the sweep)",
+    )
     dashboard = commands.add_parser(
         "dashboard",
         help="a W&B report comparing the runs of one group (needs W&B online)",
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
             from attnlab.reports.families import compare
 
             out = args.out or args.directory
-            comparison = compare(args.directory, out)
+            comparison = compare(args.directory, out, args.baseline)
             print(comparison.table())
             print(f"\nwrote {out / 'comparison.md'}, comparison.csv and", end=" ")
             print(f"{len(comparison.plots)} plots")

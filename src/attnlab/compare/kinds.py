@@ -16,7 +16,7 @@ from pathlib import Path
 
 from attnlab.compare.seeds import Configuration
 
-Table = Callable[[list[Configuration]], str]
+Table = Callable[..., str]  # configurations (and, where `baseline`, the block's) -> text
 Plot = Callable[[list[Configuration], Path], list[Path]]  # the paths it drew ([]: none)
 
 
@@ -28,6 +28,7 @@ class Kind:
     task: str | None = None  # the task whose runs it reads; None: any
     contrasts: Table | None = None  # an `among=` block's table
     figure: str = ""  # added to the study's name to name its figure
+    baseline: bool = False  # its tables take the block's `baseline=` (a label, or None)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ OUT (default: DIR).
     acc_longest_bucket.png       exact match in the longest bucket (the synthetic tasks)
 
 When the seed was swept, comparison.md also has a table by configuration: each test metric's
-mean and 95% t interval over the seeds, and how each stands against the best by the verdict
-rule (intervals that overlap tie; see `attnlab.compare.seeds`);
+mean and 95% t interval over the seeds, and each configuration's difference from a baseline
+(`--baseline LABEL`, else the first configuration) on the optimized metric, paired by seed,
+Holm–Bonferroni over the table (`attnlab.compare.differences`);
 the accuracy-by-position plot then shows configurations, averaged over seeds. The language
 model plots always show configurations: the mean over the seeds, the range shaded. A metric at
 an evaluation length the run's model cannot take reads n/a (`attnlab.compare.lengths`).
@@ -35,16 +36,22 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab.compare.differences import (
+    baseline_of,
+    by_seed,
+    corrected,
+    difference,
+    family_legend,
+    formatted,
+)
 from attnlab.compare.kinds import ComparisonPlot, Kind
 from attnlab.compare.lengths import NOT_APPLICABLE, order, seeds_summary, value
 from attnlab.compare.runs import BY_POSITION, Run, find_runs
 from attnlab.compare.seeds import (
-    MIN_SEEDS,
     SEED,
     Configuration,
     best_first,
     configurations,
-    standing,
     summary,
 )
 from attnlab.compare.table import Row, format_cell, markdown_table
@@ -225,26 +232,45 @@ def plot_configuration_curves(configs: list[Configuration], metric: str, path: P
     return [save(curves_figure(curves, f"{metric}{seeds}"), path)]
 
 
-def configurations_table(configs: list[Configuration]) -> str:
+def configurations_table(configs: list[Configuration], baseline: str | None = None) -> str:
     """One row per configuration, best first on the test value of the optimized metric: each
-    test metric's mean and 95% interval over its seeds, how it stands against the best, its
-    parameters and, where runs measured it, its training throughput (tokens/s over the whole
-    run)."""
+    test metric's mean and 95% interval over its seeds, its difference from the `baseline`
+    configuration (a label; None: the first in the sweep's order) on that metric
+    (`attnlab.compare.differences`, Holm over the table), its parameters and, where runs
+    measured it, its training throughput (tokens/s over the whole run)."""
     runs = [run for config in configs for run in config.runs]
     ordered, metric, mode = ranked(configs)
-    standings = standing(configs, metric, mode)
+    base_label = baseline_of([c.label for c in configs], baseline, "the baseline")
+    base = next(config for config in configs if config.label == base_label)
+    found = corrected([
+        difference(by_seed(config, metric), by_seed(base, metric), ratio="ppl" in metric)
+        for config in ordered if config is not base
+    ])  # fmt: skip
+    tested = any(not d.note.startswith("fewer than") for d in found)
+    cells_by_label = dict(zip([c.label for c in ordered if c is not base], found, strict=True))
     rows: list[Row] = []
     for config in ordered:
         cells: Row = {**config.setting, "seeds": len(config.runs)}
         cells.update({name: seeds_summary(config, name) for name in metric_names(runs, "test/")})
-        if standings:
-            cells[f"{metric} vs best"] = standings.get(config.label, "")
+        if tested:
+            gap = cells_by_label.get(config.label)
+            cells[f"{metric} vs {base_label}"] = "baseline" if gap is None else formatted(gap, mode)
         status = config.runs[0].status
         cells["params"] = status.params if status else None
         if config.values(THROUGHPUT):
             cells["train tokens/s"] = summary(config.values(THROUGHPUT), digits=0)
         rows.append(cells)
-    return markdown_table(rows)
+    if not tested:
+        return markdown_table(rows)
+    chosen = "named by the block" if baseline else "the first configuration of the sweep"
+    legend = (
+        f"vs {base_label} ({chosen}): each configuration's {metric} minus the "
+        f"baseline's, with its 95% interval, paired by seed on the seeds both ran (n pairs), "
+        f"else Welch's t (n of each); {'×: the ratio, on logs; ' if 'ppl' in metric else ''}"
+        f"ahead or behind ({mode} is better) where Holm's adjusted p < 0.05, else tie. "
+        + family_legend(found)
+    )
+    return f"{legend}\n\n{markdown_table(rows)}"
 
 
 def metric_names(runs: list[Run], prefix: str) -> list[str]:
@@ -266,10 +292,14 @@ def scored_examples(run: Run) -> str:
 
 
 def compare(
-    directory: Path, out: Path | None = None, figures: Sequence[ComparisonPlot] = ()
+    directory: Path,
+    out: Path | None = None,
+    figures: Sequence[ComparisonPlot] = (),
+    baseline: str | None = None,
 ) -> Comparison:
     """Read every run below `directory`, write the comparison files into `out` (default: it),
-    with the task families' `figures` (`attnlab.reports.families.FIGURES`) after its own."""
+    with the task families' `figures` (`attnlab.reports.families.FIGURES`) after its own; the
+    table by configuration compares each with `baseline` (a label; None: the first)."""
     if not directory.is_dir():
         raise ConfigError(f"{directory} is not a directory: pass a run or a sweep directory")
     found = find_runs(directory)
@@ -294,6 +324,8 @@ def compare(
     )
     runs, rows = [run for run, _ in pairs], [cells for _, cells in pairs]
     configs = configurations(runs, keys)
+    if baseline is not None:
+        baseline_of([config.label for config in configs], baseline, "--baseline")
     plots = plot_curves(runs, labels(runs, keys), out, configs if SEED in keys else [])
     plots += plot_by_position(configs, out / "acc_by_position.png")
     plots += [path for figure in figures for path in figure.plot(configs, out / figure.name)]
@@ -301,7 +333,7 @@ def compare(
     by_configuration = configs if SEED in keys else []
     comparison = Comparison(directory, runs, rows, plots, by_configuration, never_trained)
     write_csv(rows, out / "comparison.csv")
-    write_text(out / "comparison.md", document(comparison))
+    write_text(out / "comparison.md", document(comparison, baseline))
     return comparison
 
 
@@ -312,7 +344,7 @@ def not_applicable_note(comparison: Comparison) -> str:
     return " n/a: an evaluation length longer than the run's model has positions for."
 
 
-def document(comparison: Comparison) -> str:
+def document(comparison: Comparison, baseline: str | None = None) -> str:
     lines = [
         f"# Comparison of {len(comparison.every_run)} runs in `{comparison.directory}`",
         "",
@@ -327,10 +359,7 @@ def document(comparison: Comparison) -> str:
         lines += [
             "## By configuration: mean ± 95% t interval over seeds",
             "",
-            f"Against the best (with {MIN_SEEDS} or more seeds each): a configuration whose "
-            "interval overlaps the best's ties with it, one whose interval lies apart is below.",
-            "",
-            configurations_table(comparison.by_configuration),
+            configurations_table(comparison.by_configuration, baseline),
             "",
         ]
     lines += [f"![{path.stem}]({path.name})\n" for path in comparison.plots]
@@ -341,4 +370,8 @@ def validation_loss(configs: list[Configuration], path: Path) -> list[Path]:
     return plot_configuration_curves(configs, "val/loss", path)
 
 
-KINDS = {"configurations": Kind(configurations_table, validation_loss, "validation loss by step")}
+KINDS = {
+    "configurations": Kind(
+        configurations_table, validation_loss, "validation loss by step", baseline=True
+    )
+}

@@ -2,10 +2,9 @@
 
 A configuration's value of a metric is the mean over its seeds with the half-width of its
 95% Student's t interval ("5.210 ± 0.130"; with one seed "5.210 (1 seed: no interval)").
-
-The verdict rule (RESULTS.md states it; `standing` applies it): two configurations differ on
-a metric only when each has at least MIN_SEEDS seeds and their 95% intervals do not overlap;
-otherwise they tie. With fewer seeds nothing is called a tie or a difference.
+Two configurations are compared by `attnlab.compare.differences` (paired by seed, Holm over
+a table), which needs at least MIN_SEEDS seeds; `equivalence` tests paired differences for
+closeness within a margin.
 """
 
 from __future__ import annotations
@@ -125,13 +124,6 @@ def summary(values: list[float], digits: int = 3, unit: str = "seed") -> str:
     return f"{mean} (1 {unit}: no interval)" if half is None else f"{mean} ± {number(half, digits)}"
 
 
-def bounds(values: list[float]) -> tuple[float, float]:
-    """The 95% t interval of the mean of `values` (at least two)."""
-    mean, half = statistics.mean(values), interval(values)
-    assert half is not None, "an interval needs two values"
-    return mean - half, mean + half
-
-
 def best_first(configs: list[Configuration], metric: str, mode: str) -> list[Configuration]:
     """The configurations by their mean of `metric`, best first; those without it last."""
 
@@ -140,26 +132,6 @@ def best_first(configs: list[Configuration], metric: str, mode: str) -> list[Con
         return (mean is None, -(mean or 0.0) if mode == "max" else (mean or 0.0))
 
     return sorted(configs, key=key)
-
-
-def compared(first: list[float], second: list[float]) -> str:
-    """`first` against `second` by the verdict rule (the module docstring): "ahead" when its
-    95% interval lies wholly above the other's, "behind" when wholly below, "tie" when they
-    overlap; "fewer than MIN_SEEDS seeds" when either has fewer values."""
-    if min(len(first), len(second)) < MIN_SEEDS:
-        return f"fewer than {MIN_SEEDS} seeds"
-    (low, high), (other_low, other_high) = bounds(first), bounds(second)
-    return "ahead" if low > other_high else "behind" if high < other_low else "tie"
-
-
-def paired_compared(differences: list[float], unit: str = "tasks") -> str:
-    """Paired differences (first − second, one per task) by their mean's 95% t interval:
-    "ahead" when it lies above 0, "behind" when below, "tie" when it holds 0; "fewer than
-    MIN_SEEDS tasks" for fewer differences."""
-    if len(differences) < MIN_SEEDS:
-        return f"fewer than {MIN_SEEDS} {unit}"
-    low, high = bounds(differences)
-    return "ahead" if low > 0 else "behind" if high < 0 else "tie"
 
 
 def equivalence(differences: list[float], margin: float, unit: str = "seeds") -> str:
@@ -180,20 +152,3 @@ def equivalence(differences: list[float], margin: float, unit: str = "seeds") ->
         else "inconclusive"
     )
     return f"{found} (90% interval {low:+.2f} to {high:+.2f})"
-
-
-def standing(configs: list[Configuration], metric: str, mode: str) -> dict[str, str]:
-    """Per configuration label, by the verdict rule (the module docstring): "best", "tie"
-    (its 95% interval overlaps the best's) or "below"; nothing where some configuration has
-    fewer than MIN_SEEDS seeds."""
-    measured = [c for c in configs if c.values(metric)]
-    if not measured or any(len(c.values(metric)) < MIN_SEEDS for c in measured):
-        return {}
-    sign = 1.0 if mode == "max" else -1.0
-    best = max(measured, key=lambda c: sign * (c.mean(metric) or 0.0))
-    return {
-        config.label: "best" if config is best
-        else "tie" if compared(config.values(metric), best.values(metric)) == "tie"
-        else "below"
-        for config in measured
-    }  # fmt: skip

@@ -11,9 +11,10 @@ and one sentence names the file it needs. A run whose hypotheses cannot be found
 names no references (a hub dataset), or whose hypotheses and references do not match in
 number, is left out of the test, and the table says so.
 
-The verdict rule's paired part (RESULTS.md): a configuration is ahead of (behind) the
-baseline when at least MIN_SEEDS seeds were paired and in every pair its BLEU is higher
-(lower) with p < ALPHA; otherwise it ties. A tie is not equivalence: with a `margin` (BLEU,
+The verdict is the comparison engine's (`attnlab.compare.differences`): the per-seed BLEU
+differences from the baseline, paired by seed (Student's t over at least MIN_SEEDS seeds),
+ahead or behind where Holm's adjusted p over the table's configurations is below ALPHA;
+otherwise a tie. The per-seed bootstrap p-values are shown beside it, not combined. A tie is not equivalence: with a `margin` (BLEU,
 stated before looking), the seed-paired BLEU differences also go through two one-sided
 tests (`seeds.equivalence`), which say whether the configuration is within ±margin of the
 baseline.
@@ -25,6 +26,14 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from attnlab.compare.differences import (
+    ALPHA,
+    Difference,
+    corrected,
+    difference,
+    family_legend,
+    formatted,
+)
 from attnlab.compare.runs import Run
 from attnlab.compare.seeds import MIN_SEEDS, Configuration, equivalence
 from attnlab.data.text import read_lines
@@ -32,7 +41,6 @@ from attnlab.errors import ConfigError
 
 SAMPLES = 1000
 RESAMPLING_SEED = 12345  # sacreBLEU's default: the same resamples for every pair
-ALPHA = 0.05
 HYPOTHESES = "hypotheses/test.txt"
 Pair = tuple[float, float]  # this system's BLEU minus the baseline's, and the p-value
 Test = Callable[[list[str], list[str], list[str]], Pair]  # system, baseline, references
@@ -104,14 +112,14 @@ def paired(run: Run, baseline: Run, refs: list[str], test: Test = bootstrap) -> 
     return test(system, base, refs)
 
 
-def verdict(pairs: list[tuple[float, float]]) -> str:
-    if len(pairs) < MIN_SEEDS:
-        return f"fewer than {MIN_SEEDS} seeds: no verdict"
-    if all(p < ALPHA and gain > 0 for gain, p in pairs):
-        return "ahead"
-    if all(p < ALPHA and gain < 0 for gain, p in pairs):
-        return "behind"
-    return "tie"
+def seed_paired(gains: dict[str, float]) -> Difference:
+    """The configuration's test BLEU minus the baseline's, paired by seed: Student's t of the
+    per-seed differences `gains` (`attnlab.compare.differences`). The paired test reads
+    only the differences, so each seed's baseline stands at its own index (0, 1, 2, ...):
+    distinct across seeds, as BLEU scores are, so that identical outputs read "equal in each
+    of the n seeds" and not "all n seeds equal"."""
+    base = {seed: float(index) for index, seed in enumerate(gains)}
+    return difference({seed: base[seed] + gain for seed, gain in gains.items()}, base)
 
 
 def bootstrap_table(
@@ -122,8 +130,9 @@ def bootstrap_table(
     test: Test = bootstrap,
 ) -> str:
     """Per configuration: each paired seed's BLEU gain over `baseline` (a configuration's
-    label) and its p-value by `test` (sacreBLEU's, or results kept of it), and the verdict;
-    with `margin`, the equivalence test's answer."""
+    label) and its p-value by `test` (sacreBLEU's, or results kept of it), and the verdict
+    (the seed-paired t test of the gains, Holm over the table); with `margin`, the
+    equivalence test's answer."""
     found = {config.label: config for config in configs}
     if len(found) == 1:
         return f"Paired bootstrap: one configuration only, so nothing to compare with {baseline}."
@@ -134,18 +143,11 @@ def bootstrap_table(
             f"one of {'; '.join(sorted(found))}"
         )
     base = {run.setting("seed"): run for run in named[0].runs}
-    lines = [
-        f"Paired bootstrap resampling of test BLEU against {baseline} (sacreBLEU, {SAMPLES} "
-        f"resamples), seed by seed: BLEU difference and p-value; ahead or behind only where "
-        f"every pair of at least {MIN_SEEDS} seeds differs with p < {ALPHA} the same way.",
-        "",
-        "| configuration | seed: Δ BLEU (p) | verdict |" + equivalent_header(margin),
-        "|---|---|---|" + ("---|" if margin is not None else ""),
-    ]
+    rows: list[tuple[str, list[str], dict[str, float]]] = []
     for label, config in found.items():
         if config is named[0]:
             continue
-        cells, pairs = [], []
+        cells, gains = [], {}
         for run in config.runs:
             seed, other = run.setting("seed"), base.get(run.setting("seed"))
             refs = references(run, root) if other else None
@@ -154,10 +156,24 @@ def bootstrap_table(
                 why = "no baseline run" if other is None else "no hypotheses or references"
                 cells.append(f"{seed}: {why}")
                 continue
-            pairs.append(result)
+            gains[str(seed)] = result[0]
             cells.append(f"{seed}: {result[0]:+.2f} (p = {result[1]:.3f})")
-        within = "" if margin is None else f" {equivalence([g for g, _ in pairs], margin)} |"
-        lines.append(f"| {label} | {'; '.join(cells)} | {verdict(pairs)} |{within}")
+        rows.append((label, cells, gains))
+    verdicts = corrected([seed_paired(gains) for _, _, gains in rows])
+    lines = [
+        f"Paired bootstrap resampling of test BLEU against {baseline} (sacreBLEU, {SAMPLES} "
+        f"resamples), seed by seed: BLEU difference and p-value. The verdict: the difference "
+        f"in test BLEU paired by seed (Student's t over the n seeds both ran, at least "
+        f"{MIN_SEEDS}), ahead or behind where Holm's adjusted p < {ALPHA}, else tie; "
+        + family_legend(verdicts),
+        "",
+        "| configuration | seed: Δ BLEU (p) | verdict |" + equivalent_header(margin),
+        "|---|---|---|" + ("---|" if margin is not None else ""),
+    ]
+    for (label, cells, gains), found_verdict in zip(rows, verdicts, strict=True):
+        within = "" if margin is None else f" {equivalence(list(gains.values()), margin)} |"
+        text = formatted(found_verdict, "max", digits=2)
+        lines.append(f"| {label} | {'; '.join(cells)} | {text} |{within}")
     return "\n".join(lines)
 
 

@@ -26,7 +26,9 @@ FIGURES: tuple[ComparisonPlot, ...] = (
 )
 
 
-def compare(directory: Path, out: Path | None = None) -> report.Comparison:
-    """`attnlab compare DIR [--out OUT]`: `attnlab.compare.report.compare` with every
-    family's figures."""
-    return report.compare(directory, out, FIGURES)
+def compare(
+    directory: Path, out: Path | None = None, baseline: str | None = None
+) -> report.Comparison:
+    """`attnlab compare DIR [--out OUT] [--baseline LABEL]`: `attnlab.compare.report.compare`
+    with every family's figures."""
+    return report.compare(directory, out, FIGURES, baseline)

@@ -160,8 +160,9 @@ def block(
         runs = [run for config in configs for run in config.runs]
     contrasts = KINDS[kind].contrasts
     table = contrasts if among is not None and contrasts else KINDS[kind].table
-    text = budget(runs) + "\n\n" + (matched + "\n\n" if matched else "") + table(configs) + "\n"
-    if baseline is not None:
+    told = table(configs, baseline) if KINDS[kind].baseline else table(configs)
+    text = budget(runs) + "\n\n" + (matched + "\n\n" if matched else "") + told + "\n"
+    if baseline is not None and kind == "configurations":  # test BLEU's: seq2seq runs
         test = reading.bootstraps.test(records)
         paired = bootstrap_table(configs, baseline, root, bleu_margin(study, margin), test)
         text += "\n" + paired + "\n"

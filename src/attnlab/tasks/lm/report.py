@@ -17,9 +17,19 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from attnlab.compare.differences import (
+    Difference,
+    by_seed,
+    corrected,
+    difference,
+    family_legend,
+    formatted,
+)
 from attnlab.compare.kinds import ComparisonPlot, Kind
 from attnlab.compare.lengths import (
+    NOT_APPLICABLE,
     STAGE,
+    applicable,
     band,
     by_length,
     lengths,
@@ -33,6 +43,8 @@ from attnlab.compare.table import Row, markdown_table
 from attnlab.data.task import WINDOWS
 from attnlab.plots import Band, bands_figure, save
 from attnlab.tasks.lm.sinks import plot_sinks, sinks_table
+
+LENGTH_WORDS = ("improves", "worsens", "tie")  # lower perplexity at L than at training: better
 
 
 def loss_by_position(run: Run, stage: str = STAGE) -> dict[int, dict[int, float]]:
@@ -105,7 +117,8 @@ def plot_loss_by_position(configs: list[Configuration], path: Path) -> list[Path
 def lengths_table(configs: list[Configuration]) -> str:
     """Per configuration and kind of windows: the test perplexity at each evaluation length,
     the mean and the half-width of its 95% t interval over the seeds; n/a at a length the
-    configuration's model cannot take."""
+    configuration's model cannot take. Then, from which length on it changes: each length's
+    perplexity against the training length's (`length_differences`)."""
     runs = [run for config in configs for run in config.runs]
     rows = []
     for config in configs:
@@ -120,7 +133,57 @@ def lengths_table(configs: list[Configuration]) -> str:
         "Test perplexity at each evaluation length L: the mean ± the half-width of its 95% t "
         "interval over the seeds; n/a: longer than the model's positions."
     )
-    return f"{legend}\n\n{markdown_table(rows)}"
+    return f"{legend}\n\n{markdown_table(rows)}" + length_differences(configs)
+
+
+def trained_on(config: Configuration) -> int | None:
+    """The length every run of the configuration trained on (`task.data.block_size`), where
+    they agree."""
+    found = {run.setting("task.data.block_size") for run in config.runs}
+    length = found.pop() if len(found) == 1 else None
+    return int(length) if length is not None and length.isdigit() else None
+
+
+def length_differences(configs: list[Configuration]) -> str:
+    """Per configuration and kind of windows, at each evaluation length past the training
+    length: the perplexity there minus at the training length, and their ratio, paired by
+    seed (`attnlab.compare.differences`), Holm over the table; "" where no configuration
+    was evaluated at its training length and beyond."""
+    runs = [run for config in configs for run in config.runs]
+    found: list[tuple[Row, dict[str, Difference | str]]] = []
+    for config in configs:
+        trained = trained_on(config)
+        for windows in WINDOWS:
+            measure = f"{STAGE}/{windows.perplexity}"
+            measured = lengths(config.runs, measure)
+            if trained is None or trained not in measured:
+                continue
+            base = by_seed(config, f"{measure}@{trained}")
+            cells: dict[str, Difference | str] = {}
+            for length in (n for n in lengths(runs, measure) if n > trained):
+                metric = f"{measure}@{length}"
+                if not any(applicable(run, metric) for run in config.runs):
+                    cells[f"L={length}"] = NOT_APPLICABLE
+                else:
+                    cells[f"L={length}"] = difference(by_seed(config, metric), base, ratio=True)
+            if cells:
+                row: Row = {**config.setting, "windows": windows.name, "trained on": trained}
+                found.append((row, cells))
+    family = corrected([d for _, cells in found for d in cells.values() if not isinstance(d, str)])
+    tested = iter(family)
+    rows = [
+        {**row, **{k: d if isinstance(d, str) else formatted(next(tested), "min", LENGTH_WORDS)
+                   for k, d in cells.items()}}
+        for row, cells in found
+    ]  # fmt: skip
+    if not rows:
+        return ""
+    legend = (
+        "From which length on: each configuration's test perplexity at L minus at the length it "
+        "trained on, and × their ratio (on logs), paired by seed (n seeds); improves or worsens "
+        "where Holm's adjusted p < 0.05 (lower is better), else tie. " + family_legend(family)
+    )
+    return f"\n\n{legend}\n\n{markdown_table(rows)}"
 
 
 def lm_length_figures(

@@ -8,7 +8,7 @@ from typing import Any
 from attnlab.compare.kinds import Kind
 from attnlab.compare.report import plot_by_position
 from attnlab.compare.runs import Run
-from attnlab.compare.seeds import Configuration, summary
+from attnlab.compare.seeds import Configuration, number, summary
 from attnlab.compare.table import Row, markdown_table
 from attnlab.config.build import to_dict
 from attnlab.config.groups import VARIANTS
@@ -33,6 +33,14 @@ def outcome(accuracy: list[float], bound: float) -> str:
     return "partly"
 
 
+def token_summary(accuracy: list[float], bound: float) -> str:
+    """The seeds' token accuracy (`summary`); where every seed sits at the chance bound,
+    "0.118 (all 3 seeds at the bound)": a spread of 0 there is no measurement's precision."""
+    if len(accuracy) > 1 and all(abs(value - bound) <= 1e-6 for value in accuracy):
+        return f"{number(bound)} (all {len(accuracy)} seeds at the bound)"
+    return summary(accuracy)
+
+
 def as_now(group: str, recorded: Any) -> dict[str, Any]:
     """A recorded config node of `group` with the options that its run predates (added to
     the option's YAML later, e.g. rope's scaling) at their YAML values."""
@@ -52,9 +60,10 @@ def probe_table(configs: list[Configuration]) -> str:
         task = run.config.task
         parts = (as_now(group, run.config[group]) for group in VARIANTS)
         prediction = predict(*parts, task.markers, task.causal)
-        measured = outcome(accuracy, chance_bound(eval_lengths(run))) if accuracy else "no test"
+        bound = chance_bound(eval_lengths(run))
+        measured = outcome(accuracy, bound) if accuracy else "no test"
         agrees = measured == "solves" if prediction.distinguishes else measured.startswith("≤")
-        cells: Row = {**config.setting, "seeds": len(accuracy), "token acc": summary(accuracy),
+        cells: Row = {**config.setting, "seeds": len(accuracy), "token acc": token_summary(accuracy, bound),
                       "sequence acc": summary(config.values("test/seq_acc")),
                       "measured": measured,
                       "predicted": "solves" if prediction.distinguishes else "cannot",

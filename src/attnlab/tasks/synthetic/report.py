@@ -1,43 +1,54 @@
 """The synthetic tasks' tables in RESULTS.md (kind `generalization`): test exact match in each
 bucket of lengths per task with its 95% t interval over the seeds, how many seeds learned the
-task, each configuration's mean reciprocal rank across tasks (Kazemnejad et al. 2023, Fig. 1),
-and, for a block's `among=` configurations, the verdict rule's answer for each pair of them.
+task, each configuration's mean reciprocal rank across tasks (`attnlab.tasks.synthetic.ranks`:
+the task as the unit, and the paper's way), each configuration's difference from a baseline in
+exact match past the training lengths, and, for a block's `among=` configurations, each pair
+of them compared.
 
-Ranks take the task as their unit: in one task and seed every configuration is ranked
-against the others, so its ranks are coupled across configurations and are not independent
-samples. Each configuration's reciprocal rank in a task is the mean over the task's seeds;
-its mean reciprocal rank is the mean over tasks with a t interval over tasks, and two
-configurations are compared paired by task (the 95% t interval of their differences). A
-task that no run of any configuration learned ranks failures: it is left out, and named."""
+Differences come from `attnlab.compare.differences`: within a task paired by seed (Welch's t
+where the seeds differ), over tasks paired by task (the mean of the per-task mean
+differences, a t interval over tasks), Holm–Bonferroni over each table's comparisons. Exact
+match at or below the task's chance level (its `task.chance` where it declares one, else
+0.0) in every run of both is degenerate: no verdict, and such a task is left out of the
+aggregate over tasks.
+"""
 
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
 
+from attnlab.compare.differences import (
+    PAIRED_BY_TASK,
+    Chance,
+    Difference,
+    baseline_of,
+    corrected,
+    difference,
+    family_legend,
+    formatted,
+)
 from attnlab.compare.kinds import ComparisonPlot, Kind
-from attnlab.compare.lengths import STAGE, band, by_length, lengths
-from attnlab.compare.runs import Run, is_number_text
-from attnlab.compare.seeds import Configuration, compared, paired_compared, summary
+from attnlab.compare.lengths import band, by_length, lengths
+from attnlab.compare.seeds import Configuration, number, summary
 from attnlab.compare.table import Row, markdown_table
-from attnlab.errors import ConfigError
 from attnlab.plots import bands_figure, heatmap_figure, save
+from attnlab.tasks.synthetic.ranks import (
+    ACCURACY,
+    by_task,
+    learned,
+    left_out,
+    longer_accuracies,
+    longer_accuracy,
+    paper_table,
+    ranks_table,
+    task_ranks,
+)
 
-ACCURACY = f"{STAGE}/acc"
-
-
-def by_task(configs: list[Configuration]) -> dict[str, dict[str, Configuration]]:
-    """task -> the configuration's label without the task -> configuration, for the
-    configurations that logged exact match by length."""
-    grouped: dict[str, dict[str, Configuration]] = {}
-    for config in configs:
-        if not lengths(config.runs, ACCURACY):
-            continue
-        task = str(config.runs[0].setting("task.name"))
-        grouped.setdefault(task, {})[config.label_without("task")] = config
-    return grouped
+ALL_TASKS = "all tasks"
 
 
 def plot_accuracy_by_length(configs: list[Configuration], path: Path) -> list[Path]:
@@ -86,66 +97,12 @@ def plot_longest_bucket(configs: list[Configuration], path: Path) -> list[Path]:
     return [save(figure, path)]
 
 
-def longer_accuracy(run: Run) -> float | None:
-    """A run's mean test exact match over its buckets past the first (the training lengths):
-    how well it generalizes to longer inputs; None without such buckets."""
-    found = by_length(run, ACCURACY)
-    longer = [found[end] for end in sorted(found)[1:]]
-    return sum(longer) / len(longer) if longer else None
-
-
-def longer_accuracies(config: Configuration) -> list[float]:
-    """`longer_accuracy` of each of the configuration's seeds that has one."""
-    return [found for run in config.runs if (found := longer_accuracy(run)) is not None]
-
-
-def reciprocal_ranks(
-    grouped: dict[str, dict[str, Configuration]],
-) -> dict[str, dict[str, list[float]]]:
-    """label -> task -> 1/rank of its configuration in each seed of the task that both ran,
-    ranked by `longer_accuracy`, best first, tied values sharing their mean rank (Kazemnejad
-    et al. 2023, Fig. 1, rank exact match per task and seed and average 1/rank)."""
-    ranks: dict[str, dict[str, list[float]]] = {}
-    for task, found in grouped.items():
-        by_seed: dict[str, dict[str, float]] = {}
-        for label, config in found.items():
-            for run in config.runs:
-                score = longer_accuracy(run)
-                if score is not None:
-                    by_seed.setdefault(str(run.setting("seed")), {})[label] = score
-        for scores in by_seed.values():
-            for label, score in scores.items():
-                better = sum(other > score for other in scores.values())
-                tied = sum(other == score for other in scores.values())
-                ranks.setdefault(label, {}).setdefault(task, []).append(
-                    1 / (better + (tied + 1) / 2)
-                )
-    return ranks
-
-
-def learned(run: Run) -> bool | None:
-    """Whether the run's validation exact match reached the task's `learned_at` within its
-    budget (older records, which lack it, read their early-stopping threshold; None for a
-    run with neither)."""
-    threshold = run.setting("task.learned_at") or run.setting(
-        "callbacks.early_stopping.stopping_threshold"
-    )
-    best = run.best("val/acc", "max")
-    if threshold in (None, "None") or best is None:
-        return None
-    if not is_number_text(threshold):
-        raise ConfigError(
-            f"{run.path}: task.learned_at={threshold!r} is not a number: write the validation "
-            "exact match from which a run has learned its task, e.g. 0.99"
-        )
-    return best >= float(threshold)
-
-
-def generalization_table(configs: list[Configuration]) -> str:
+def generalization_table(configs: list[Configuration], baseline: str | None = None) -> str:
     """Per task and configuration: how many seeds learned the task (`learned`), test exact
     match in each bucket (the first holds the training lengths), the mean ± the half-width
     of its 95% t interval over the seeds; then each configuration's mean reciprocal rank
-    over the tasks."""
+    over the tasks, the paper's way, and its difference from `baseline` (a label without the
+    task; None: the first configuration)."""
     grouped = by_task(configs)
     parts = []
     for task, found in grouped.items():
@@ -162,112 +119,127 @@ def generalization_table(configs: list[Configuration]) -> str:
             rows.append(cells)
         parts.append(f"**{task}**: test exact match by bucket of lengths\n\n{markdown_table(rows)}")
     left = left_out(grouped)
-    return "\n\n".join([*parts, ranks_table(grouped, left, task_ranks(grouped, left))])
+    parts += [ranks_table(grouped, left, task_ranks(grouped, left)), paper_table(grouped)]
+    parts.append(baseline_table(grouped, baseline))
+    return "\n\n".join(part for part in parts if part)
 
 
-UNLEARNED = "which no run of any configuration learned (its ranks would order failures)"
-PARTIAL = "which not every configuration ran (ranks compare configurations on the same tasks)"
+def by_seed_longer(config: Configuration) -> dict[str, float]:
+    """Each seed's mean exact match past the training lengths (`longer_accuracy`)."""
+    found = {run.value("seed"): longer_accuracy(run) for run in config.runs}
+    return {seed: value for seed, value in found.items() if value is not None}
 
 
-def left_out(grouped: dict[str, dict[str, Configuration]]) -> dict[str, list[str]]:
-    """The tasks kept out of the ranks, by why: those that not every configuration ran (a
-    configuration alone in a task would rank first there; Kazemnejad et al.'s code drops
-    such columns too) and those that no run learned (`unlearned`)."""
-    labels = {label for found in grouped.values() for label in found}
-    partial = [task for task, found in grouped.items() if set(found) != labels]
-    return {
-        UNLEARNED: [task for task in unlearned(grouped) if task not in partial],
-        PARTIAL: partial,
-    }
+def chance(config: Configuration) -> Chance:
+    """The task's chance level of exact match: its `task.chance`, else 0.0."""
+    declared = config.runs[0].setting("task.chance")
+    level = float(declared) if declared not in (None, "None") else 0.0
+    return Chance(level, f"exact match {number(level)}")
 
 
-def unlearned(grouped: dict[str, dict[str, Configuration]]) -> list[str]:
-    """The tasks that no run of any configuration learned (each run has a threshold and
-    never reached it)."""
-    left = []
-    for task, found in grouped.items():
-        reached = [learned(run) for config in found.values() for run in config.runs]
-        if reached and all(done is False for done in reached):
-            left.append(task)
-    return left
+def in_task(first: Configuration, second: Configuration) -> Difference:
+    """Exact match past the training lengths, first − second, paired by seed."""
+    return difference(by_seed_longer(first), by_seed_longer(second), chance=chance(first))
 
 
-def task_ranks(
-    grouped: dict[str, dict[str, Configuration]], left: dict[str, list[str]]
-) -> dict[str, dict[str, float]]:
-    """label -> task -> its reciprocal rank in the task, the mean over the task's seeds;
-    the tasks but those `left` out (`left_out`)."""
-    out = {task for tasks in left.values() for task in tasks}
-    ranked = reciprocal_ranks({task: found for task, found in grouped.items() if task not in out})
-    return {
-        label: {task: sum(seeds) / len(seeds) for task, seeds in tasks.items()}
-        for label, tasks in ranked.items()
-    }
-
-
-def ranks_table(
+def over_tasks(
     grouped: dict[str, dict[str, Configuration]],
-    left: dict[str, list[str]],
-    ranks: dict[str, dict[str, float]],
-) -> str:
-    """The mean reciprocal ranks `ranks` (`task_ranks` of `grouped` without `left`)."""
-    why = [f"{', '.join(tasks)}, {reason}" for reason, tasks in left.items() if tasks]
-    note = f" Left out: {'; '.join(why)}." if why else ""
-    if len(grouped) - sum(map(len, left.values())) < 2:
-        return f"**Mean reciprocal rank**: not given, with fewer than two tasks to rank.{note}"
-    if len(ranks) < 2:  # a lone configuration ranks first everywhere: 1.000, which says nothing
-        return f"**Mean reciprocal rank**: not given, with one configuration to rank.{note}"
-    by_mean = sorted(ranks.items(), key=lambda item: -sum(item[1].values()) / len(item[1]))
-    rows = [
-        {
-            "configuration": c,
-            "tasks": len(found),
-            "mean reciprocal rank": summary([*found.values()], unit="task"),
-        }
-        for c, found in by_mean
+    first: str,
+    second: str,
+    found: dict[str, Difference],
+) -> Difference:
+    """first − second over the tasks both ran and not every run of both at chance (`found`,
+    per task): the per-task means paired by task."""
+    kept = [task for task, d in found.items() if not d.note.startswith("every run at chance")]
+    means = [
+        {task: statistics.fmean(by_seed_longer(grouped[task][label]).values()) for task in kept}
+        for label in (first, second)
     ]
+    return difference(*means, unit="task")
+
+
+def pair_cells(
+    grouped: dict[str, dict[str, Configuration]], first: str, second: str
+) -> dict[str, Difference]:
+    """first − second over tasks (ALL_TASKS), then in each task both ran."""
+    found = {
+        task: in_task(configs[first], configs[second])
+        for task, configs in grouped.items()
+        if first in configs and second in configs and by_seed_longer(configs[first])
+        and by_seed_longer(configs[second])
+    }  # fmt: skip
+    return {ALL_TASKS: over_tasks(grouped, first, second, found), **found}
+
+
+def corrected_cells(table: list[dict[str, Difference]]) -> list[dict[str, Difference]]:
+    """Each row's differences, Holm–Bonferroni over every one of the table's."""
+    flat = corrected([d for cells in table for d in cells.values()])
+    out, start = [], 0
+    for cells in table:
+        out.append(dict(zip(cells, flat[start : start + len(cells)], strict=True)))
+        start += len(cells)
+    return out
+
+
+def baseline_table(grouped: dict[str, dict[str, Configuration]], baseline: str | None) -> str:
+    """Each configuration's difference from the baseline in exact match past the training
+    lengths: over tasks and per task, Holm over the table."""
+    labels = list(dict.fromkeys(label for found in grouped.values() for label in found))
+    if len(labels) < 2:
+        return ""
+    base = baseline_of(labels, baseline, "the baseline")
+    others = [label for label in labels if label != base]
+    table = corrected_cells([pair_cells(grouped, label, base) for label in others])
+    rows = [
+        {"configuration": label, **{k: formatted(d, "max") for k, d in cells.items()}}
+        for label, cells in zip(others, table, strict=True)
+    ]
+    chosen = "named by the block" if baseline else "the first configuration"
     legend = (
-        "**Mean reciprocal rank**, the task as its unit: in each task and seed, configurations "
-        "ranked by exact match in the buckets past the training lengths (their mean), ties "
-        "sharing a rank; a task's reciprocal rank is the mean over its seeds, the interval is "
-        f"over tasks.{note}"
+        f"**Against {base}** ({chosen}), a standing that does not depend on who else is "
+        f"ranked: exact match past the training lengths, each configuration minus {base}; "
+        + differences_legend(table)
     )
     return f"{legend}\n\n{markdown_table(rows)}"
 
 
-def paired_by_task(first: dict[str, float], second: dict[str, float]) -> str:
-    """`first` against `second` on their reciprocal ranks in the tasks both have, paired by
-    task (`paired_compared`)."""
-    return paired_compared([first[task] - second[task] for task in first if task in second])
+def differences_legend(table: list[dict[str, Difference]]) -> str:
+    """How the cells of a table of differences were made, and its family."""
+    return (
+        f"{ALL_TASKS}: the mean of the per-task mean differences, {PAIRED_BY_TASK} (a t "
+        "interval over the n tasks, those where some run beat chance); per task: paired by "
+        "seed (Welch's t where the seeds differ). Ahead or behind where Holm's adjusted p < "
+        "0.05, else tie. " + family_legend([d for cells in table for d in cells.values()])
+    )
 
 
-def generalization_contrasts(configs: list[Configuration]) -> str:
-    """The configurations' mean reciprocal ranks among themselves; then each pair, the first
-    listed against the second: on the mean reciprocal rank paired by task and, per task, on
-    exact match past the training lengths by the verdict rule (its values one per seed)."""
+def generalization_contrasts(configs: list[Configuration], baseline: str | None = None) -> str:
+    """The configurations' mean reciprocal ranks among themselves, the paper's way too;
+    then each pair, the first listed against the second: on the reciprocal rank paired by
+    task and on exact match past the training lengths, over tasks (paired by task) and per
+    task (paired by seed), Holm over the block's pairs. `baseline` is not read: every pair is
+    compared."""
     grouped = by_task(configs)
     left = left_out(grouped)
     ranks = task_ranks(grouped, left)
     labels = list(dict.fromkeys(label for found in grouped.values() for label in found))
-    rows = []
-    for index, first in enumerate(labels):
-        for second in labels[index + 1 :]:
-            cells: Row = {"first": first, "second": second}
-            cells["mean reciprocal rank"] = paired_by_task(
-                ranks.get(first, {}), ranks.get(second, {})
-            )
-            for task, found in grouped.items():
-                if first in found and second in found:
-                    cells[task] = compared(
-                        longer_accuracies(found[first]), longer_accuracies(found[second])
-                    )
-            rows.append(cells)
+    pairs = [(a, b) for n, a in enumerate(labels) for b in labels[n + 1 :]]
+    table = corrected_cells([
+        {"mean reciprocal rank": difference(ranks.get(a, {}), ranks.get(b, {}), unit="task"),
+         **pair_cells(grouped, a, b)}
+        for a, b in pairs
+    ])  # fmt: skip
+    rows = [
+        {"first": a, "second": b, **{k: formatted(d, "max") for k, d in cells.items()}}
+        for (a, b), cells in zip(pairs, table, strict=True)
+    ]
     legend = (
-        "**Pairs**: the first against the second (ahead, behind or tie) on the mean "
-        "reciprocal rank, paired by task (the 95% t interval of the per-task differences), "
-        "and, per task, on exact match past the training lengths by the verdict rule"
+        "**Pairs**: the first minus the second. The mean reciprocal rank: the per-task "
+        f"reciprocal ranks {PAIRED_BY_TASK}; exact match past the training lengths, "
+        + differences_legend(table)
     )
-    return f"{ranks_table(grouped, left, ranks)}\n\n{legend}\n\n{markdown_table(rows)}"
+    parts = [ranks_table(grouped, left, ranks), paper_table(grouped)]
+    return "\n\n".join([*filter(None, parts), f"{legend}\n\n{markdown_table(rows)}"])
 
 
 KINDS = {
@@ -276,6 +248,7 @@ KINDS = {
         plot_accuracy_by_length,
         "exact match by length",
         contrasts=generalization_contrasts,
+        baseline=True,
     ),
 }
 FIGURES = (

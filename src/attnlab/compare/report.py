@@ -208,7 +208,9 @@ def plot_by_position(configs: list[Configuration], path: Path) -> list[Path]:
     split = "test" if tested else "validation (its last evaluation)"
     title = f"token accuracy by position, {split} split{seeds}"
     columns = [str(p) for p in positions]
-    figure = heatmap_figure(matrix, list(accuracy), columns, title, ("position", "configuration"))
+    figure = heatmap_figure(
+        matrix, list(accuracy), columns, title, ("position", "configuration"), "token accuracy"
+    )
     return [save(figure, path)]
 
 

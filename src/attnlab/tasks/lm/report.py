@@ -41,7 +41,7 @@ from attnlab.compare.runs import Run
 from attnlab.compare.seeds import Configuration
 from attnlab.compare.table import Row, markdown_table
 from attnlab.data.task import WINDOWS
-from attnlab.plots import Band, bands_figure, save
+from attnlab.plots import Band, bands_figure, curve_style, fitted_legend, new_figure, save
 from attnlab.tasks.lm.sinks import plot_sinks, sinks_table
 
 LENGTH_WORDS = ("improves", "worsens", "tie")  # lower perplexity at L than at training: better
@@ -194,15 +194,16 @@ def lm_length_figures(
     """A language model's loss by position in windows of each evaluation length, and its
     perplexity by evaluation length (non-overlapping and sliding windows); lengths past the
     model's positions (`bound`) are marked not applicable."""
-    by_position = Figure(figsize=(7.5, 4.0))
+    by_position = new_figure(7.5, 4.6)
     ax = by_position.subplots()
-    for length, loss in sorted(curves.items()):
-        ax.plot(range(1, len(loss) + 1), loss, label=f"L = {length}", linewidth=1)
+    for index, (length, loss) in enumerate(sorted(curves.items())):
+        style = curve_style(index, len(loss))
+        ax.plot(range(1, len(loss) + 1), loss, label=f"L = {length}", **style)
     ax.set_xscale("log")
     ax.set_xlabel("position in the window")
     ax.set_ylabel("loss (nats per token)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    fitted_legend(ax, *ax.get_legend_handles_labels())
     marks = {} if bound is None else {bound: f"positions end ({bound}): n/a past it"}
     bands = {}
     for mode, values in ppl.items():

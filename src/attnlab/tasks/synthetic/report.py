@@ -93,7 +93,9 @@ def plot_longest_bucket(configs: list[Configuration], path: Path) -> list[Path]:
     if not tasks:
         return []
     title = "test exact match in each task's longest bucket (mean over seeds)"
-    figure = heatmap_figure(np.array(matrix), tasks, labels, title, ("configuration", "task"))
+    figure = heatmap_figure(
+        np.array(matrix), tasks, labels, title, ("configuration", "task"), "test exact match"
+    )
     return [save(figure, path)]
 
 

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from attnlab.compare.differences import (
     Difference,
+    baseline_of,
     by_seed,
     corrected,
     difference,
@@ -114,11 +115,12 @@ def plot_loss_by_position(configs: list[Configuration], path: Path) -> list[Path
     return [save(figure, path)]
 
 
-def lengths_table(configs: list[Configuration]) -> str:
+def lengths_table(configs: list[Configuration], baseline: str | None = None) -> str:
     """Per configuration and kind of windows: the test perplexity at each evaluation length,
     the mean and the half-width of its 95% t interval over the seeds; n/a at a length the
     configuration's model cannot take. Then, from which length on it changes: each length's
-    perplexity against the training length's (`length_differences`)."""
+    perplexity against the training length's (`length_differences`); with a `baseline` (a
+    block's), each configuration against it at each length (`baseline_differences`)."""
     runs = [run for config in configs for run in config.runs]
     rows = []
     for config in configs:
@@ -133,7 +135,8 @@ def lengths_table(configs: list[Configuration]) -> str:
         "Test perplexity at each evaluation length L: the mean ± the half-width of its 95% t "
         "interval over the seeds; n/a: longer than the model's positions."
     )
-    return f"{legend}\n\n{markdown_table(rows)}" + length_differences(configs)
+    text = f"{legend}\n\n{markdown_table(rows)}" + length_differences(configs)
+    return text + (baseline_differences(configs, baseline) if baseline is not None else "")
 
 
 def trained_on(config: Configuration) -> int | None:
@@ -186,6 +189,43 @@ def length_differences(configs: list[Configuration]) -> str:
     return f"\n\n{legend}\n\n{markdown_table(rows)}"
 
 
+def baseline_differences(configs: list[Configuration], baseline: str) -> str:
+    """Per configuration but the `baseline` (a label) and kind of windows, at each evaluation
+    length: its test perplexity minus the baseline's, and their ratio, paired by seed
+    (`attnlab.compare.differences`), Holm over the table."""
+    base_label = baseline_of([config.label for config in configs], baseline, "the baseline")
+    base = next(config for config in configs if config.label == base_label)
+    runs = [run for config in configs for run in config.runs]
+    found: list[tuple[Row, dict[str, Difference | str]]] = []
+    for config in (config for config in configs if config is not base):
+        for windows in WINDOWS:
+            measure = f"{STAGE}/{windows.perplexity}"
+            cells: dict[str, Difference | str] = {}
+            for length in lengths(runs, measure):
+                metric = f"{measure}@{length}"
+                both = (config, base)
+                if not all(any(applicable(run, metric) for run in c.runs) for c in both):
+                    cells[f"L={length}"] = NOT_APPLICABLE
+                else:
+                    gap = difference(by_seed(config, metric), by_seed(base, metric), ratio=True)
+                    cells[f"L={length}"] = gap
+            found.append(({**config.setting, "windows": windows.name}, cells))
+    family = corrected([d for _, cells in found for d in cells.values() if not isinstance(d, str)])
+    tested = iter(family)
+    rows = [
+        {**row, **{k: d if isinstance(d, str) else formatted(next(tested), "min")
+                   for k, d in cells.items()}}
+        for row, cells in found
+    ]  # fmt: skip
+    legend = (
+        f"Against {base_label} (named by the block): each configuration's test perplexity at L "
+        "minus the baseline's, and × their ratio (on logs), paired by seed (n seeds), else "
+        "Welch's t; ahead or behind where Holm's adjusted p < 0.05 (lower is better), else "
+        "tie. " + family_legend(family)
+    )
+    return f"\n\n{legend}\n\n{markdown_table(rows)}"
+
+
 def lm_length_figures(
     curves: Mapping[int, Sequence[float]],
     ppl: Mapping[str, Mapping[int, float]],
@@ -216,7 +256,9 @@ def lm_length_figures(
 
 
 KINDS = {
-    "lengths": Kind(lengths_table, plot_ppl_by_length, "perplexity by evaluation length", "lm"),
+    "lengths": Kind(
+        lengths_table, plot_ppl_by_length, "perplexity by evaluation length", "lm", baseline=True
+    ),
     "sinks": Kind(
         sinks_table, plot_sinks, "attention sink by evaluation length", "lm", figure="_sinks"
     ),

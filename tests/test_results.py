@@ -272,8 +272,9 @@ def test_a_blocks_budget_line_is_read_from_the_runs_configs_and_statuses(tmp_pat
     assert budget(find_runs(tmp_path)) == (
         "Budget, from the runs' records: at most 500 / 1000 steps; ran 500–740 steps; lr 0.001; "
         "warm-up steps 100; schedule cosine / inverse_sqrt; validation generates for the first "
-        "100 examples only; checkpoint tested: best val/acc (max) on validation; stopped early "
-        "on val/acc at 0.99 (after 1 validation); runs stopped: 1 at the step cap, 1 otherwise."
+        "100 examples only; checkpoint tested: best val/acc (max) on validation; stopped once "
+        "val/acc rose above 0.99 (runs made 1 validation); runs stopped: 1 at the step cap, "
+        "1 otherwise."
     )
 
 
@@ -302,8 +303,30 @@ def test_a_budget_line_gives_the_stopping_rule_and_the_validations_each_run_made
     line = budget(find_runs(tmp_path))
     assert line.startswith("Budget, from the runs' records: at most 40 epochs; ")
     assert line.endswith(
-        "stopped early on val/loss once it had not improved by 0.02 for 2 validations "
-        "(after 19–24 validations); runs stopped: 2 by patience."
+        "stopped after 2 validations in a row without beating the best by more than 0.02 "
+        "(runs made 19–24 validations); runs stopped: 2 by patience."
+    )
+
+
+def test_a_budget_line_names_both_ways_a_threshold_and_patience_stop_a_run(tmp_path):
+    """The length-generalization rule: a threshold on accuracy, or patience with no min_delta,
+    which reads as a new best rather than an improvement "by 0.0"."""
+    run = fake_run(tmp_path / "0", ["seed=0"], [{"step": 250, "val/acc": 0.995}])
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    config["trainer"] = {"max_steps": 1000}
+    config["callbacks"] = {
+        "early_stopping": {
+            "monitor": "val/acc",
+            "mode": "max",
+            "patience": 1000,
+            "min_delta": 0.0,
+            "stopping_threshold": 0.99,
+        }
+    }
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    assert budget(find_runs(tmp_path)).endswith(
+        "stopped once val/acc rose above 0.99, or after 1000 validations in a row without a new "
+        "best (runs made 1 validation); runs stopped: 1 at the threshold."
     )
 
 
@@ -318,8 +341,8 @@ def test_a_budget_line_says_when_runs_had_no_early_stopping_and_how_they_ended(t
         config["callbacks"] = {"early_stopping": rule}
         (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     assert budget(find_runs(tmp_path)).endswith(
-        "stopped early on val/acc at 0.99 (after 1 validation); 2 of 3 runs without early "
-        "stopping; runs stopped: 1 at the threshold, 2 at the step cap."
+        "stopped once val/acc rose above 0.99 (runs made 1 validation); 2 of 3 runs without "
+        "early stopping; runs stopped: 1 at the threshold, 2 at the step cap."
     )
     (tmp_path / "2").rename(tmp_path.parent / "ruled")
     assert budget(find_runs(tmp_path)).endswith(

@@ -65,16 +65,22 @@ def stopping(runs: list[Run]) -> str:
 
 
 def early_stopping(runs: list[Run], monitor: str) -> str:
-    """The stopping rule the runs' records hold, and how many validations each run made."""
+    """The stopping rule the runs' records hold, in Lightning's EarlyStopping's terms (it stops
+    once the monitor passes stopping_threshold, or after `patience` validations in a row none
+    of which beat the best by more than min_delta), and how many validations each run made."""
     threshold = values(runs, "callbacks.early_stopping.stopping_threshold")
     delta = values(runs, "callbacks.early_stopping.min_delta")
     patience = values(runs, "callbacks.early_stopping.patience")
-    rule = f"stopped early on {monitor}" + (f" at {threshold}" if threshold else "")
+    mode = values(runs, "callbacks.early_stopping.mode") or "min"  # Lightning's default
+    rules = [f"once {monitor} {'rose above' if mode == 'max' else 'fell below'} {threshold}"]
+    rules = rules if threshold else []
     if patience:
-        rule += f" once it had not improved by {delta or 0} for {patience} validations"
+        gain = f"beating the best by more than {delta}" if delta and float(delta) else "a new best"
+        rules.append(f"after {patience} validations in a row without {gain}")
+    rule = "stopped " + ", or ".join(rules) if rules else f"stopped early on {monitor}"
     made = [len(series) for run in runs if (series := run.metrics.get(monitor))]
     if made:
-        rule += f" (after {spread(made)} validation{'s' if max(made) > 1 else ''})"
+        rule += f" (runs made {spread(made)} validation{'s' if max(made) > 1 else ''})"
     return rule
 
 

@@ -384,3 +384,25 @@ def test_each_length_is_compared_with_the_training_length_paired_by_seed(tmp_pat
     assert row.endswith("): tie |")  # 128 − 32: +0.5, −0.1, +0.5
     assert "| learned | non-overlapping | 32 | n/a | n/a |" in differences
     assert "Holm–Bonferroni over the 4 comparisons of this table." in differences
+
+
+def test_with_a_baseline_each_configuration_is_compared_with_it_at_each_length(tmp_path):
+    rope = {32: (6.0, 6.3, 6.5), 64: (7.0, 7.6, 7.9)}
+    fox = {32: (5.9, 6.25, 6.38), 64: (5.8, 6.1, 6.3)}
+    for seed in range(3):
+        for name, ppl in (("rope", rope), ("fox", fox)):
+            values = {length: found[seed] for length, found in ppl.items()}
+            fake_lm_run(tmp_path / f"{name}{seed}", [f"pe={name}", f"seed={seed}"], values)
+    configs = configurations(find_runs(tmp_path), ["pe", "seed"])
+    assert "Against" not in lengths_table(configs)  # no baseline: no such table
+    against = lengths_table(configs, "pe=rope").split("Against pe=rope")[1]
+    assert "| pe | windows | L=32 | L=64 |" in against and "| rope |" not in against
+    # fox − rope at 64, paired by seed: −1.2, −1.5, −1.6; Holm over 4 (2 lengths × 2 windows)
+    gaps = np.array(fox[64]) - np.array(rope[64])
+    half = stats.t.ppf(0.975, 2) * gaps.std(ddof=1) / math.sqrt(3)
+    row = next(line for line in against.splitlines() if line.startswith("| fox | non-overlapping"))
+    assert f"{number(gaps.mean())} ± {number(half)}".replace("-", "−") in row
+    assert row.endswith("): ahead |")  # lower perplexity than the baseline's
+    assert "Holm–Bonferroni over the 4 comparisons of this table." in against
+    with pytest.raises(ConfigError, match="pe=t5 is none of the configurations"):
+        lengths_table(configs, "pe=t5")

@@ -18,6 +18,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from attnlab.compare.differences import (
+    AHEAD,
     Difference,
     baseline_of,
     by_seed,
@@ -147,13 +148,31 @@ def trained_on(config: Configuration) -> int | None:
     return int(length) if length is not None and length.isdigit() else None
 
 
+Cells = dict[str, Difference | str]  # column -> a difference, or text (n/a)
+
+
+def corrected_rows(
+    found: list[tuple[Row, Cells]], words: tuple[str, str, str] = AHEAD
+) -> tuple[list[Row], list[Difference]]:
+    """The rows of a table of perplexity differences (lower is better), Holm over all their
+    differences, and that family."""
+    family = corrected([d for _, cells in found for d in cells.values() if not isinstance(d, str)])
+    tested = iter(family)
+    rows = [
+        {**row, **{k: d if isinstance(d, str) else formatted(next(tested), "min", words)
+                   for k, d in cells.items()}}
+        for row, cells in found
+    ]  # fmt: skip
+    return rows, family
+
+
 def length_differences(configs: list[Configuration]) -> str:
     """Per configuration and kind of windows, at each evaluation length past the training
     length: the perplexity there minus at the training length, and their ratio, paired by
     seed (`attnlab.compare.differences`), Holm over the table; "" where no configuration
     was evaluated at its training length and beyond."""
     runs = [run for config in configs for run in config.runs]
-    found: list[tuple[Row, dict[str, Difference | str]]] = []
+    found: list[tuple[Row, Cells]] = []
     for config in configs:
         trained = trained_on(config)
         for windows in WINDOWS:
@@ -162,7 +181,7 @@ def length_differences(configs: list[Configuration]) -> str:
             if trained is None or trained not in measured:
                 continue
             base = by_seed(config, f"{measure}@{trained}")
-            cells: dict[str, Difference | str] = {}
+            cells: Cells = {}
             for length in (n for n in lengths(runs, measure) if n > trained):
                 metric = f"{measure}@{length}"
                 if not any(applicable(run, metric) for run in config.runs):
@@ -172,13 +191,7 @@ def length_differences(configs: list[Configuration]) -> str:
             if cells:
                 row: Row = {**config.setting, "windows": windows.name, "trained on": trained}
                 found.append((row, cells))
-    family = corrected([d for _, cells in found for d in cells.values() if not isinstance(d, str)])
-    tested = iter(family)
-    rows = [
-        {**row, **{k: d if isinstance(d, str) else formatted(next(tested), "min", LENGTH_WORDS)
-                   for k, d in cells.items()}}
-        for row, cells in found
-    ]  # fmt: skip
+    rows, family = corrected_rows(found, LENGTH_WORDS)
     if not rows:
         return ""
     legend = (
@@ -196,11 +209,11 @@ def baseline_differences(configs: list[Configuration], baseline: str) -> str:
     base_label = baseline_of([config.label for config in configs], baseline, "the baseline")
     base = next(config for config in configs if config.label == base_label)
     runs = [run for config in configs for run in config.runs]
-    found: list[tuple[Row, dict[str, Difference | str]]] = []
+    found: list[tuple[Row, Cells]] = []
     for config in (config for config in configs if config is not base):
         for windows in WINDOWS:
             measure = f"{STAGE}/{windows.perplexity}"
-            cells: dict[str, Difference | str] = {}
+            cells: Cells = {}
             for length in lengths(runs, measure):
                 metric = f"{measure}@{length}"
                 both = (config, base)
@@ -210,13 +223,7 @@ def baseline_differences(configs: list[Configuration], baseline: str) -> str:
                     gap = difference(by_seed(config, metric), by_seed(base, metric), ratio=True)
                     cells[f"L={length}"] = gap
             found.append(({**config.setting, "windows": windows.name}, cells))
-    family = corrected([d for _, cells in found for d in cells.values() if not isinstance(d, str)])
-    tested = iter(family)
-    rows = [
-        {**row, **{k: d if isinstance(d, str) else formatted(next(tested), "min")
-                   for k, d in cells.items()}}
-        for row, cells in found
-    ]  # fmt: skip
+    rows, family = corrected_rows(found)
     legend = (
         f"Against {base_label} (named by the block): each configuration's test perplexity at L "
         "minus the baseline's, and × their ratio (on logs), paired by seed (n seeds), else "

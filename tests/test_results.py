@@ -148,6 +148,19 @@ def test_a_block_without_records_or_with_an_unknown_kind_is_one_sentence(tmp_pat
         regenerate(results_md)
 
 
+def test_a_bad_block_on_a_study_page_is_named_by_its_page(tmp_path):
+    fake_run(tmp_path / "docs" / "results" / "runs" / "mt" / "0", ["seed=0"], [])
+    page = tmp_path / "docs" / "results" / "mt" / "README.md"
+    page.parent.mkdir(parents=True)
+    page.write_text("<!-- results:mt configurations among=pe=none -->\n<!-- /results:mt -->\n")
+    reading = results.Reading(tmp_path)
+    with pytest.raises(ConfigError, match=r"^docs/results/mt/README\.md block mt names pe=none"):
+        regenerate(page, draw=False, reading=reading)
+    page.write_text("<!-- results:mt configurations among -->\n<!-- /results:mt -->\n")
+    with pytest.raises(ConfigError, match=r"^docs/results/mt/README\.md block mt has option among"):
+        regenerate(page, draw=False, reading=reading)
+
+
 def test_a_probe_block_over_runs_of_another_task_is_one_sentence(tmp_path):
     fake_run(tmp_path / "docs" / "results" / "runs" / "mt" / "0", ["seed=0"], [])
     results_md = tmp_path / "RESULTS.md"

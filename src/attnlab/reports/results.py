@@ -132,31 +132,32 @@ def block(
     `among` (labels joined by ";"), those configurations alone and no plot; with `beside`
     (studies joined by ";"), their runs too; with `per_task` (keys joined by ";"), the
     block's own runs read "per_task" for those keys, and a sentence gives each task's value."""
-    if kind not in KINDS:
-        raise ConfigError(f"RESULTS.md block {study} has kind {kind!r}: use one of {list(KINDS)}")
     root = reading.root
+    where = block_name(page, root, study)
+    if kind not in KINDS:
+        raise ConfigError(f"{where} has kind {kind!r}: use one of {list(KINDS)}")
     records = root / "docs" / "results" / "runs" / study
     runs, others = reading.runs(records, study), beside.split(";") if beside else []
     if repeated := sorted({o for o in others if o == study or others.count(o) > 1}):
         raise ConfigError(
-            f"RESULTS.md block {study} reads {', '.join(repeated)} twice (beside= names it again): "
+            f"{where} reads {', '.join(repeated)} twice (beside= names it again): "
             "name each other study once, and never the block's own"
         )
     matched_keys = per_task.split(";") if per_task else []
-    runs, matched = set_per_task(runs, matched_keys, study) if matched_keys else (runs, "")
+    runs, matched = set_per_task(runs, matched_keys, where) if matched_keys else (runs, "")
     for other in others:
         found = reading.runs(records.parent / other, other)
         runs += [dataclasses.replace(run, name=f"{other}/{run.name}") for run in found]
     tasks, reads = {run.setting("task.name") for run in runs}, KINDS[kind].task
     if reads is not None and tasks != {reads}:
         raise ConfigError(
-            f"RESULTS.md block {study} has kind {kind}, which reads {reads} runs, but its "
+            f"{where} has kind {kind}, which reads {reads} runs, but its "
             f"records are of task {', '.join(sorted(map(str, tasks)))}: use kind configurations"
         )
     keys = swept_keys(runs)  # a per-task setting labels its runs even where nothing else is swept
     configs = configurations(runs, keys + [key for key in matched_keys if key not in keys])
     if among is not None:
-        configs = named(configs, among.split(";"), study)
+        configs = named(configs, among.split(";"), where)
         runs = [run for config in configs for run in config.runs]
     contrasts = KINDS[kind].contrasts
     table = contrasts if among is not None and contrasts else KINDS[kind].table
@@ -164,11 +165,11 @@ def block(
     text = budget(runs) + "\n\n" + (matched + "\n\n" if matched else "") + told + "\n"
     if baseline is not None and kind == "configurations":  # test BLEU's: seq2seq runs
         test = reading.bootstraps.test(records)
-        paired = bootstrap_table(configs, baseline, root, bleu_margin(study, margin), test)
+        paired = bootstrap_table(configs, baseline, root, bleu_margin(where, margin), test)
         text += "\n" + paired + "\n"
     elif margin is not None:
         raise ConfigError(
-            f"RESULTS.md block {study} has margin={margin} but no baseline: the equivalence "
+            f"{where} has margin={margin} but no baseline: the equivalence "
             "test compares with a baseline, so add baseline=<a configuration's label>"
         )
     if among is not None:
@@ -198,7 +199,7 @@ def study_runs(records: Path, study: str) -> list[Run]:
         raise ConfigError(f"no run records for {study} in {records}: run `attnlab archive`")
     if damaged := [run.damaged for run in runs if run.damaged]:
         raise ConfigError(
-            f"{damaged[0]}: RESULTS.md's {study} is computed from intact records only; restore "
+            f"{damaged[0]}: the tables of {study} are computed from intact records only; restore "
             "the file (git checkout docs/results) or archive the study again"
         )
     return runs
@@ -232,6 +233,15 @@ class Reading:
         return list(self.read[records])
 
 
+def block_name(page: Path, root: Path, study: str) -> str:
+    """How an error names a block: its page, from the root, and its study."""
+    try:
+        shown = page.resolve().relative_to(root.resolve())
+    except ValueError:
+        shown = page
+    return f"{shown} block {study}"
+
+
 def pages(root: Path) -> list[Path]:
     """RESULTS.md, the index, and each study's page: docs/results/<page>/README.md."""
     found = sorted((root / "docs" / "results").glob("*/README.md"))
@@ -244,7 +254,7 @@ def regenerate(page: Path, draw: bool = True, reading: Reading | None = None) ->
     reading = reading or Reading(page.resolve().parent)
 
     def rebuilt(m: re.Match[str]) -> str:
-        options = block_options(m["study"], m["options"])
+        options = block_options(block_name(page, reading.root, m["study"]), m["options"])
         text = block(m["study"], m["kind"], page, reading, draw, **options)
         return m["open"] + text + m["close"]
 

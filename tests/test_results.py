@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from helpers import ROOT, SHARED_DATA
 from test_compare import fake_run
@@ -388,6 +389,17 @@ def test_each_run_is_said_to_stop_by_the_rule_its_records_show(
 ):
     (run,) = find_runs(stopping_run(tmp_path / "0", series, trainer, stop).parent)
     assert stopped_by(run, "val/acc") == ended
+
+
+@pytest.mark.parametrize("last", [0.98, 0.99, 0.995])
+def test_a_run_is_said_to_stop_at_the_threshold_exactly_when_lightning_stops_it(tmp_path, last):
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    stop = {"stopping_threshold": 0.99, "patience": 1000}
+    (run,) = find_runs(stopping_run(tmp_path / "0", [0.5, last], {"max_steps": 1000}, stop).parent)
+    lightning = EarlyStopping(monitor="val/acc", mode="max", **stop)
+    stops, _ = lightning._evaluate_stopping_criteria(torch.tensor(last))
+    assert (stopped_by(run, "val/acc") == "at the threshold") == stops
 
 
 def test_with_seeds_swept_the_curves_are_configurations_with_their_range(tmp_path, monkeypatch):

@@ -91,7 +91,8 @@ def setting_number(run: Run, key: str) -> float | None:
 
 def stopped_by(run: Run, monitor: str) -> str:
     """How a run's training ended, from its config and its monitor's series: "at the
-    threshold" (its last validation reached early stopping's threshold), "at the step cap"
+    threshold" (its last validation passed early stopping's threshold, strictly, as
+    Lightning's EarlyStopping compares), "at the step cap"
     (it ran trainer.max_steps), "by patience" (none of its last `patience` validations
     improved on the best before them by more than min_delta, as Lightning's EarlyStopping
     counts), "at the epoch cap" (none of these, with no step cap: it ran trainer.max_epochs),
@@ -99,7 +100,7 @@ def stopped_by(run: Run, monitor: str) -> str:
     series = [value for _, value in run.metrics.get(monitor, [])]
     sign = 1.0 if run.setting("callbacks.early_stopping.mode") == "max" else -1.0
     threshold = setting_number(run, "callbacks.early_stopping.stopping_threshold")
-    if series and threshold is not None and sign * series[-1] >= sign * threshold:
+    if series and threshold is not None and sign * series[-1] > sign * threshold:
         return "at the threshold"
     max_steps = setting_number(run, "trainer.max_steps")
     if max_steps is not None and max_steps > 0 and (run.steps() or 0) >= max_steps:

@@ -45,9 +45,47 @@ def run_cli(*args: str, script: str = "train.py") -> subprocess.CompletedProcess
 def test_a_mistyped_option_lists_the_valid_ones():
     result = run_cli("pe=ropee", "hydra.run.dir=/tmp/attnlab-never")
     assert result.returncode != 0
-    assert "Could not find 'pe/ropee'" in result.stderr
+    assert "attnlab: pe=ropee is not an option (did you mean pe=rope?): pe has " in result.stderr
+    assert "search path" not in result.stderr and "Traceback" not in result.stderr
     for option in options("pe"):
         assert option in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["-m", "pe=rope,alibee"], "pe=alibee is not an option (did you mean pe=alibi?)"),
+        (["experiment=lm_extrapolatoin"], "(did you mean experiment=lm_extrapolation?)"),
+        (["task=synthetic/defaultz"], "(did you mean task=synthetic/defaults?)"),
+        (["norm=zzz"], "norm=zzz is not an option: norm has "),
+    ],
+)
+def test_a_group_option_that_does_not_exist_is_one_sentence_with_the_closest(args, message):
+    from attnlab.runner.preflight import check_group_choices
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_group_choices(args)
+
+
+def test_existing_group_options_and_sweeps_of_them_pass_the_check():
+    from attnlab.runner.preflight import check_group_choices
+
+    check_group_choices(["-m", "pe=rope,alibi", "task=synthetic/defaults", "experiment=null"])
+    check_group_choices(["hydra/launcher=joblib", "+trainer.x=1", "~logger", "pe=glob(*)"])
+
+
+def test_help_lists_every_group_with_its_options_and_default_without_importing_torch():
+    program = (
+        "import sys; sys.argv = ['train.py', '--help']; "
+        "from attnlab.runner.train import main; main(); "
+        "assert 'torch' not in sys.modules and 'lightning' not in sys.modules, 'imported'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "  pe: " + ", ".join(options("pe")) + " (default: sinusoidal)" in done.stdout
+    assert "  experiment: " in done.stdout and "(default: none)" in done.stdout
 
 
 OUT_OF_RANGE = {  # override: the sentence (before: numpy's, islice's or no error at all)

@@ -55,3 +55,8 @@ def value(argument: str) -> object:
     if isinstance(parsed, str) and "${" in parsed:
         return OmegaConf.create({"value": parsed})["value"]
     return parsed
+
+
+def resume_command(run_dir: Path, *settings: str) -> str:
+    """The line that resumes the run in `run_dir`, with `settings` (overrides)."""
+    return train_command(override("run_dir", run_dir), *settings)

@@ -53,7 +53,6 @@ from attnlab.errors import ConfigError, Diverged, MachineError
 from attnlab.files import durable_replace, written
 from attnlab.logger.csv import CSVLogger
 from attnlab.runner.resume import LAST
-from attnlab.shell import override, train_command
 
 log = logging.getLogger(__name__)
 
@@ -202,11 +201,6 @@ def ends_training_or_epoch(trainer: L.Trainer) -> bool:
     one validation stale)."""
     done = 0 <= trainer.max_steps <= trainer.global_step
     return done or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-
-
-def resume_command(run_dir: Path, *settings: str) -> str:
-    """The line that resumes the run in `run_dir`, with `settings` (overrides)."""
-    return train_command(override("run_dir", run_dir), *settings)
 
 
 def best_checkpoint(trainer: L.Trainer) -> ModelCheckpoint | None:

@@ -6,7 +6,8 @@ is a group that does not exist, added with `+` (`+optimizer=adam`), which Hydra 
 as a new top-level setting. An argument of Lightning's Trainer that conf/trainer does not
 list (`trainer.accumulate_grad_batches=2`) is a setting all the same: the Trainer's
 signature says so, and the override is passed on as `++trainer.accumulate_grad_batches=2`.
-A setting that moved into a node (`task.data.max_tokens`, now `task.data.batching.max_tokens`)
+A group option that does not exist (`pe=ropee`) names the group's options and the closest,
+where Hydra would print its search path. A setting that moved into a node (`task.data.max_tokens`, now `task.data.batching.max_tokens`)
 is an error that names its new spelling. An override a resumed or evaluated run stored, of a
 setting this version no longer has, is an error that says the run's file supplied it.
 """
@@ -20,6 +21,7 @@ from collections.abc import Collection
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config.groups import GROUPS
@@ -44,6 +46,76 @@ def check_added_groups(args: list[str]) -> None:
                 f"{arg} adds a setting that nothing reads: attnlab has no config group {key} "
                 f"(the groups are {', '.join(GROUPS)})"
             )
+
+
+CHOSEN_BY_HYDRA = ("hydra", "hydra/launcher")  # Hydra's plugins add options of their own
+
+
+def group_options(group: str) -> list[str]:
+    """The options of config group `group`: its YAML files, those of its folders by path."""
+    folder = CONF_DIR / group
+    return sorted(str(path.relative_to(folder).with_suffix("")) for path in folder.rglob("*.yaml"))
+
+
+def check_group_choices(args: list[str]) -> None:
+    """Raise a ConfigError, with the closest option, for `group=option` (or a sweep of
+    options) where the group has no such option: Hydra would list its search path."""
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        try:
+            (override,) = parser.parse_overrides([arg])
+        except Exception:
+            continue  # a syntax error: Hydra says where
+        group = override.key_or_group
+        if group not in GROUPS or group in CHOSEN_BY_HYDRA or override.package is not None:
+            continue
+        if override.is_delete() or not (CONF_DIR / group).is_dir():
+            continue
+        if override.is_sweep_override():
+            if not isinstance(override.value(), ChoiceSweep):
+                continue  # a range or glob: Hydra expands it
+            chosen = list(override.sweep_string_iterator())
+        else:
+            chosen = [override.get_value_element_as_str()]
+        known = group_options(group)
+        for option in chosen:
+            if option != "null" and option not in known:
+                close = difflib.get_close_matches(option, known, n=1)
+                hint = f" (did you mean {group}={close[0]}?)" if close else ""
+                raise ConfigError(
+                    f"{group}={option} is not an option{hint}: {group} has {', '.join(known)}"
+                )
+
+
+def usage(config_name: str = "train") -> str:
+    """What `python train.py --help` prints: the command's shape, each config group with its
+    options and default (read from the YAML files alone: no composition, no torch)."""
+    import yaml
+
+    chosen: dict[str, str] = {}
+    for entry in yaml.safe_load((CONF_DIR / f"{config_name}.yaml").read_text())["defaults"]:
+        if isinstance(entry, dict):
+            ((group, option),) = entry.items()
+            chosen[group.removeprefix("optional ")] = str(option).lower()
+    lines = [
+        f"python {config_name}.py [-m] [group=option ...] [key=value ...]",
+        "",
+        "Config groups and their options (-m sweeps a comma list of them):",
+    ]
+    for group in GROUPS:
+        if group not in CHOSEN_BY_HYDRA and (CONF_DIR / group).is_dir():
+            default = chosen.get(group, "none")
+            lines.append(f"  {group}: {', '.join(group_options(group))} (default: {default})")
+    lines += [
+        "",
+        "Any setting of the composed config is key=value (model.d_model=64, trainer.max_steps=200);",
+        f"`python {config_name}.py --cfg job [overrides]` prints the composed config, and",
+        f"`python {config_name}.py run_dir=<run or sweep directory>` resumes one. Each option is",
+        "described in docs/options.md; Hydra's own flags: --hydra-help.",
+    ]
+    return "\n".join(lines)
 
 
 @functools.cache
@@ -77,6 +149,7 @@ def check_setting_keys(
     raise a ConfigError for an override of a setting, or an added group, that does not
     exist. `stored`: the arguments read from a run's checkpoint, not typed by the user."""
     check_added_groups(args)
+    check_group_choices(args)
     if any(arg.startswith("-") for arg in args):  # -m, --help, --cfg: Hydra's own business
         return args
     try:

@@ -34,8 +34,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab import status
 from attnlab.errors import ConfigError
-from attnlab.runner.checkpoints import LAST, resume_command
-from attnlab.shell import override, train_command
+from attnlab.runner.resume import LAST
+from attnlab.shell import override, resume_command, train_command
 
 RECORD = "multirun.yaml"  # Hydra writes it into every sweep directory
 BASIC = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"

@@ -205,9 +205,8 @@ def train_main(cfg: DictConfig) -> float | None:
 def resumable(cfg: DictConfig) -> str | None:
     """The command that resumes this run, if it has a checkpoint to resume from. A resume
     takes no `paths.*` from the checkpoint, so a cache directory of the run's own is named."""
-    from attnlab.runner.checkpoints import resume_command
     from attnlab.runner.resume import LAST
-    from attnlab.shell import override
+    from attnlab.shell import override, resume_command
 
     run_dir = Path(cfg.paths.output_dir).resolve()
     if not (run_dir / "checkpoints" / LAST).is_file():
@@ -218,8 +217,8 @@ def resumable(cfg: DictConfig) -> str | None:
 
 
 def interrupted(cfg: DictConfig) -> str:
-    from attnlab.runner.checkpoints import resume_command
     from attnlab.runner.job import is_sweep_job
+    from attnlab.shell import resume_command
 
     run_dir = Path(cfg.paths.output_dir).resolve()
     if is_sweep_job(run_dir):  # the sweep goes on from where it stopped, this job included
@@ -356,14 +355,15 @@ def main() -> None:
     the command line (`attnlab.runner.job`); `run_dir=<sweep dir>` finishes a sweep
     (`attnlab.runner.sweep_resume`); any other run is Hydra's app on the command line."""
     from attnlab.runner.job import run_composed
-    from attnlab.runner.preflight import check_setting_keys
+    from attnlab.runner.preflight import check_setting_keys, usage
     from attnlab.runner.resume import argument, check_restored, training_arguments
     from attnlab.runner.sweep_resume import finish_sweep, is_sweep
-    from attnlab.tensors import flush_denormals
 
-    flush_denormals()
     register_resolvers()
     args = sys.argv[1:]
+    if any(arg in ("--help", "-h") for arg in args):  # Hydra's lists every group: 10 s or more
+        print(usage("train"))
+        return
     try:
         run_dir = argument(args, "run_dir")
         if run_dir is not None and is_sweep(Path(run_dir)):

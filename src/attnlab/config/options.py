@@ -1,6 +1,6 @@
 """The options of every config group, read from the YAML files shipped inside the package.
 
-`python -m attnlab.config.options` prints them as a Markdown table: the README's options table is
+`python -m attnlab.config.options` prints them as a Markdown table: docs/options.md's options table is
 this output (a test keeps the two in sync). Tests and benchmarks build variants from the
 same files with `variant`, so they exercise the defaults a run gets.
 """

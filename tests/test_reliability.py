@@ -73,7 +73,7 @@ def test_a_mistyped_option_still_lists_the_valid_ones(tmp_path):
         [sys.executable, "train.py", "norm=l3", f"hydra.run.dir={tmp_path}"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert result.returncode == 1 and "norm=l3 is not an option (did you mean" in result.stderr
+    assert result.returncode == 1 and "attnlab: norm=l3 is not an option: norm has" in result.stderr
     assert "softmax" in result.stderr and "l2_act" in result.stderr
 
 

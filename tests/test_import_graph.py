@@ -118,3 +118,21 @@ def test_imports_inside_functions_and_relative_ones_count() -> None:
     )
     found = {name for name, _ in imports(text, ["attnlab", "stored"])}
     assert {"attnlab.tasks.lm.stream", "attnlab.runner.status", "attnlab.compare.runs"} <= found
+
+
+def test_a_training_run_imports_no_report_or_plot_until_it_draws():
+    """The modules a run trains with leave the reporting rooms and attnlab's plots unimported
+    (Lightning's torchmetrics imports matplotlib itself, where it is installed)."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys; import attnlab.runner.train, attnlab.runner.run, attnlab.runner.callbacks; "
+        "import attnlab.tasks.lm.system, attnlab.tasks.probe.system; "
+        "import attnlab.tasks.seq2seq.system, attnlab.tasks.synthetic.system; "
+        "print(sorted(m for m in sys.modules "
+        "if m.startswith(('attnlab.compare', 'attnlab.reports', 'attnlab.plots'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -18,7 +18,6 @@ from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
 from attnlab.errors import Diverged
 from attnlab.flops import peak_flops
-from attnlab.plots import attention_figure, save
 from attnlab.systems.base import System
 
 log = logging.getLogger(__name__)
@@ -101,6 +100,8 @@ class AttentionMaps(L.Callback):
             maps = module.attention_maps(batch)
         finally:
             module.train(was_training)
+        from attnlab.plots import attention_figure, save  # matplotlib: only when it draws
+
         figure = attention_figure(
             {name: weights.float().cpu().numpy() for name, weights in maps.items()},
             f"attention weights of the final weights (step {trainer.global_step}): the "

@@ -43,10 +43,8 @@ from attnlab.memory import check_forward
 from attnlab.model.architecture import Architecture
 from attnlab.model.maps import attention_maps
 from attnlab.model.transformer import DecoderLM
-from attnlab.plots import save
 from attnlab.systems.base import System, Vocabulary
 from attnlab.systems.optim import Optim
-from attnlab.tasks.lm.report import lm_length_figures
 from attnlab.tasks.lm.stream import restore_tokenizer
 
 log = logging.getLogger(__name__)
@@ -243,6 +241,9 @@ class LMSystem(System):
             w.perplexity: {int(n): r.get(w.perplexity, float("nan")) for n, r in results.items()}
             for w in WINDOWS
         }
+        from attnlab.plots import save  # matplotlib and the reports: only when it draws
+        from attnlab.tasks.lm.report import lm_length_figures
+
         by_position, by_length = lm_length_figures(curves, ppl, bound)
         save(by_position, directory / f"{stage}_loss_by_position.png")
         save(by_length, directory / f"{stage}_ppl_by_length.png")

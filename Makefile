@@ -7,18 +7,24 @@ TORCH_VERSION ?= 2.13.0
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-dialogue bench-gpu bench-extrapolation bench-lm-data bench-lm-litdata
+.PHONY: help install install-bench train test test-all lint format clean compare bench-attention bench-translation bench-lm bench-causal bench-disk bench-dialogue bench-gpu bench-extrapolation bench-lm-data bench-lm-litdata
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
-install: $(VENV)/.installed ## create .venv with the pinned CPU torch, then the package (editable, dev and bench extras)
+install: $(VENV)/.installed ## create .venv with the pinned CPU torch, then the package (editable, with the dev extras: what running and testing need)
 
 # torch first: installing lightning or torchmetrics without it pulls a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+install-bench: $(VENV)/.installed-bench ## install, plus the bench extras (what the benchmarks compare against)
+
+$(VENV)/.installed-bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	touch $@
 
@@ -52,36 +58,36 @@ clean: ## remove the venv, run logs and caches (not data/ downloads)
 	rm -rf $(VENV) logs multirun outputs wandb .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-bench-attention: install ## time and memory of every attention variant -> BENCHMARKS.md
+bench-attention: install-bench ## time and memory of every attention variant -> BENCHMARKS.md
 	$(PY) benchmarks/attention.py
 
-bench-translation: install ## translation speed (vs torch.nn.Transformer) and 30-min quality -> BENCHMARKS.md
+bench-translation: install-bench ## translation speed (vs torch.nn.Transformer) and 30-min quality -> BENCHMARKS.md
 	$(PY) benchmarks/translation.py speed
 	$(PY) benchmarks/translation.py quality
 
-bench-extrapolation: install ## every encoding evaluated at 16x its training length of 1,024: time, memory -> BENCHMARKS.md
+bench-extrapolation: install-bench ## every encoding evaluated at 16x its training length of 1,024: time, memory -> BENCHMARKS.md
 	$(PY) benchmarks/extrapolation.py
 
-bench-lm-data: install ## a generated 1 GB corpus: tokenization MB/s and peak memory vs nanoGPT's prepare.py approach, time to the first step -> BENCHMARKS.md
+bench-lm-data: install-bench ## a generated 1 GB corpus: tokenization MB/s and peak memory vs nanoGPT's prepare.py approach, time to the first step -> BENCHMARKS.md
 	$(PY) benchmarks/lm_data.py
 
-bench-lm-litdata: install ## the token stream against LitData's optimized chunks, 256 MB (needs litdata installed beside attnlab: see the script) -> BENCHMARKS.md
+bench-lm-litdata: install-bench ## the token stream against LitData's optimized chunks, 256 MB (needs litdata installed beside attnlab: see the script) -> BENCHMARKS.md
 	$(PY) benchmarks/lm_litdata.py
 
-bench-lm: install ## nanoGPT's Shakespeare run over 3 seeds (vs its 1.88), Lightning vs a plain loop -> BENCHMARKS.md
+bench-lm: install-bench ## nanoGPT's Shakespeare run over 3 seeds (vs its 1.88), Lightning vs a plain loop -> BENCHMARKS.md
 	$(PY) benchmarks/lm.py anchor
 	$(PY) benchmarks/lm.py speed
 
-bench-causal: install ## attnlab's causal LM vs nn.TransformerEncoder, eager and compiled -> BENCHMARKS.md
+bench-causal: install-bench ## attnlab's causal LM vs nn.TransformerEncoder, eager and compiled -> BENCHMARKS.md
 	$(PY) benchmarks/causal.py
 
-bench-disk: install ## disk per finished run, before and after weights-only best checkpoints -> BENCHMARKS.md
+bench-disk: install-bench ## disk per finished run, before and after weights-only best checkpoints -> BENCHMARKS.md
 	$(PY) benchmarks/disk.py
 
-bench-dialogue: install ## pairs/s of dialogue's test phase (beam search over the Chit-Chat test split) -> BENCHMARKS.md
+bench-dialogue: install-bench ## pairs/s of dialogue's test phase (beam search over the Chit-Chat test split) -> BENCHMARKS.md
 	$(PY) benchmarks/dialogue.py
 
-bench-gpu: install ## on a CUDA machine: FlexAttention check, speed vs nn.Transformer and x-transformers, variants, decoding, the causal stack in bf16 and on FlashAttention, GPT-2 small vs nanoGPT -> BENCHMARKS.md
+bench-gpu: install-bench ## on a CUDA machine: FlexAttention check, speed vs nn.Transformer and x-transformers, variants, decoding, the causal stack in bf16 and on FlashAttention, GPT-2 small vs nanoGPT -> BENCHMARKS.md
 	$(PY) benchmarks/gpu.py check
 	$(PY) benchmarks/gpu.py speed
 	$(PY) benchmarks/gpu.py variants

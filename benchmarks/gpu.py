@@ -137,7 +137,7 @@ def seq2seq_loss(model, src, src_padding, tgt) -> Callable[[], torch.Tensor]:
 
 
 def x_transformer(scale: Scale, longest: int):
-    from x_transformers import XTransformer  # a benchmark-only dependency (pip install .[bench])
+    from x_transformers import XTransformer  # the dev extra (pip install .[dev])
 
     cfg = scale.model
     side = {"num_tokens": scale.vocab, "depth": cfg.n_layers, "heads": cfg.n_heads,

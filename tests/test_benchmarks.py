@@ -122,6 +122,22 @@ def test_the_dialogue_test_phase_benchmark_runs_in_smoke_mode(tmp_path):
     assert row.startswith("| 82 |")  # the pairs of two test batches of the Chit-Chat split
 
 
+def make_rules() -> dict[str, tuple[str, str]]:
+    """The Makefile's targets: (prerequisites, recipe) of each."""
+    rule = re.compile(r"^([^\s:#=]+):([^#\n]*)[^\n]*\n((?:\t[^\n]*\n)*)", re.M)
+    makefile = (ROOT / "Makefile").read_text()
+    return {m[1]: (m[2].strip(), m[3]) for m in rule.finditer(makefile)}
+
+
+def test_make_install_leaves_the_bench_extras_to_the_bench_targets():
+    rules = make_rules()
+    assert "-e '.[dev]'" in rules["$(VENV)/.installed"][1]
+    assert rules["install-bench"][0] == "$(VENV)/.installed-bench"
+    assert "-e '.[dev,bench]'" in rules["$(VENV)/.installed-bench"][1]
+    needs = {target: rule[0] for target, rule in rules.items() if target.startswith("bench-")}
+    assert len(needs) > 1 and set(needs.values()) == {"install-bench"}, needs
+
+
 def test_without_a_gpu_the_benchmarks_say_they_need_one():
     result = subprocess.run(
         [sys.executable, "benchmarks/gpu.py", "check"], cwd=ROOT, capture_output=True, text=True
@@ -201,6 +217,11 @@ def test_the_gpt2_benchmark_runs_in_smoke_mode_beside_nanogpts_model(tmp_path):
     assert float(unsharded.split(" | ")[1]) > 0 and "needs a GPU" in sharded
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("tokenizers") is None,
+    reason="tokenizers, which the benchmark compares SentencePiece with, is not installed (the "
+    "bench extra: make install-bench)",
+)
 def test_the_lm_data_benchmark_runs_in_smoke_mode(tmp_path):
     result = run_smoke("lm_data.py", "--smoke", tmp_path=tmp_path)
     rows = table_rows(result.stdout)

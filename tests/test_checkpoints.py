@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from attnlab.runner.checkpoints import AtomicCheckpointIO, LatestCheckpoint
 from attnlab.runner.resume import (
     RECORD_KEY,
     allowed_overrides,
+    best_files,
     for_callbacks_chosen,
     read_checkpoint,
     stored_overrides,
@@ -76,6 +78,38 @@ def test_training_writes_checkpoints_through_the_atomic_io(make_config):
 
     trainer = build_trainer(to_dict(make_config(["model=tiny"])))
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+STEPS = ["trainer.max_steps=4", "trainer.max_epochs=-1"]
+
+
+@pytest.mark.parametrize(
+    "overrides,name",
+    [
+        ([], "epoch_{epoch:03d}"),
+        (["task=lm"], "epoch_{epoch:03d}"),
+        (STEPS, "epoch_{epoch:03d}"),  # validated at each epoch's end
+        ([*STEPS, "trainer.val_check_interval=2"], "step_{step:06d}"),
+        ([*STEPS, "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=2"], "step_{step:06d}"),
+        (["trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=2"], "epoch_{epoch:03d}"),
+        (["trainer.val_check_interval=0.5"], "epoch_{epoch:03d}"),
+        (["experiment=length_generalization"], "step_{step:06d}"),
+        (["experiment=lm_shakespeare_char"], "step_{step:06d}"),
+    ],
+)  # fmt: skip
+def test_the_best_checkpoint_is_named_by_step_where_the_run_validates_by_steps(
+    overrides, name, make_config
+):
+    assert to_dict(make_config(overrides))["callbacks"]["model_checkpoint"]["filename"] == name
+
+
+def test_a_run_that_validates_by_steps_names_its_best_checkpoint_by_step(make_config, tmp_path):
+    from attnlab.runner.train import train
+
+    budget = [*STEPS, "trainer.check_val_every_n_epoch=null", "trainer.val_check_interval=2"]
+    train(make_config(["model=tiny", "task.data.train_size=64", "test=false", *budget]))
+    (best,) = best_files(tmp_path / "checkpoints")
+    assert re.fullmatch(r"step_00000[24]\.ckpt", best.name)
 
 
 def test_a_callback_set_to_null_is_left_out(make_config):

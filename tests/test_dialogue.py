@@ -220,7 +220,12 @@ def test_invalid_utf8_names_the_file_and_line(tmp_path):
     "options,message",
     [
         ({"dir": None}, "task.data.source=local needs a directory"),
-        ({"dir": "missing"}, "has no dialogues.train.txt"),
+        (
+            {"dir": "missing"},
+            r"has no dialogues.train.txt: pass task.data.dir=<directory of "
+            r"DailyDialog's dialogues.train.txt \(and, optionally, dialogues.validation.txt and "
+            r"dialogues.test.txt\): one dialogue a line, each turn ended by __eou__>$",
+        ),
         ({"context_turns": 0}, r"task.data.context_turns=0 must be a positive integer"),
         ({"min_turns": 1}, r"task.data.min_turns=1 must be at least 2"),
         ({"valid_share": 0.7}, r"task.data.valid_share=0.7 must be a share"),

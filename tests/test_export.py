@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import re
+import stat
 import subprocess
 
 import pytest
@@ -59,6 +60,13 @@ def test_tied_weights_are_stored_once_and_loaded_into_both_names(make_config, tm
     assert ("tied.a" in names) != ("tied.b" in names)  # one copy
     state = read_checkpoint(tmp_path / "out")["state_dict"]
     assert torch.equal(state["tied.a"], shared) and torch.equal(state["tied.b"], shared)
+
+
+def test_the_exported_files_have_the_mode_of_a_plain_open(exported):
+    _, out = exported
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {stat.S_IMODE(path.stat().st_mode) for path in out.iterdir()} == {0o666 & ~umask}
 
 
 def test_loading_an_export_unpickles_nothing(exported, monkeypatch, capsys):

@@ -296,7 +296,9 @@ def test_the_yaml_defaults_are_torchscales():
 def test_it_matches_x_transformers_rotary_xpos_with_the_rotary_dim_the_head_dim(length):
     """x-transformers centres the scales at c = max position // 2: scores are the same, and
     its q̃ is ours times ζ^{−c/B} (its k̃ ours times ζ^{+c/B})."""
-    xt = pytest.importorskip("x_transformers.x_transformers")
+    xt = pytest.importorskip(
+        "x_transformers.x_transformers", reason="x-transformers (the dev extra) is not installed"
+    )
     rotary = xt.RotaryEmbedding(D, use_xpos=True, scale_base=512)
     pos = torch.arange(length)
     freqs, scale = rotary(pos)

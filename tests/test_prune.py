@@ -93,3 +93,12 @@ def test_prune_keeps_last_ckpt_where_it_holds_the_only_weights(make_config, tmp_
         best.unlink()
     assert prune(tmp_path).files == 0
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_prune_frees_a_run_whose_best_checkpoint_is_named_by_step(make_config, tmp_path):
+    train(make_config([*TINY, "callbacks.model_checkpoint.save_weights_only=false"]))
+    checkpoints = tmp_path / "checkpoints"
+    (best,) = checkpoints.glob("epoch_*.ckpt")
+    best = best.rename(checkpoints / "step_000064.ckpt")  # as a run validated by steps names it
+    assert prune(tmp_path).files == 2
+    assert not (checkpoints / "last.ckpt").exists() and not keys(best) & set(TRAINING_STATE)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+
+import pytest
 from helpers import ROOT
 
 from attnlab.config.options import options_table
@@ -27,3 +32,15 @@ def test_the_options_table_lists_every_option_as_the_yaml_files_describe_it():
 
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git checkout"
+)
+def test_the_documented_export_writes_into_a_folder_git_ignores():
+    text = (ROOT / "docs" / "outputs.md").read_text()
+    (out,) = set(re.findall(r"attnlab export \S+ out=(\S+)", text))
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--quiet", "--no-index", f"{out}/model.safetensors"], cwd=ROOT
+    )
+    assert ignored.returncode == 0, f"add {out.split('/')[0]}/ to .gitignore"

@@ -64,7 +64,8 @@ def test_eval_py_without_a_checkpoint_says_what_to_pass():
     assert result.returncode == 1
     assert result.stderr.strip() == (
         "attnlab: eval.py needs the checkpoint to evaluate: pass ckpt_path=<run>/checkpoints/"
-        "last.ckpt (the latest state) or <run>/checkpoints/epoch_NNN.ckpt (the best)"
+        "last.ckpt (the latest state) or <run>/checkpoints/epoch_NNN.ckpt (the best; "
+        "step_NNNNNN.ckpt in a run that validates by steps)"
     )
 
 

@@ -273,7 +273,7 @@ def test_eval_py_scores_a_trained_checkpoint_as_its_test_did_and_at_longer_lengt
                  "trainer.max_epochs=-1", "trainer.check_val_every_n_epoch=null",
                  "trainer.val_check_interval=2"]  # fmt: skip
     tested = train(make_config(overrides))
-    (best,) = (tmp_path / "checkpoints").glob("epoch_*.ckpt")
+    (best,) = (tmp_path / "checkpoints").glob("step_*.ckpt")
     scored = evaluated(best, tmp_path / "eval")
     assert {k: v for k, v in tested.items() if k.startswith("test/")} == scored
     assert {"test/acc@4", "test/acc@8"} <= scored.keys()

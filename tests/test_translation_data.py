@@ -168,7 +168,12 @@ def test_a_file_pair_given_by_path_is_the_test_split(corpus, tmp_path):
     assert sorted(refs) == sorted(de for _, de in pairs)
     with pytest.raises(ConfigError, match=r"test_src and task\.data\.test_tgt go together"):
         local(corpus, tmp_path / "cache", test_src=str(src))
-    with pytest.raises(ConfigError, match=r"task.data.test_tgt=.*missing.de is not a file"):
+    with pytest.raises(
+        ConfigError,
+        match=r"task.data.test_tgt=.*missing.de is not a file: task.data.test_src and "
+        r"task.data.test_tgt are line-aligned UTF-8 files of en and de sentences, one a line "
+        r"\(as Multi30k's test.en and test.de\)$",
+    ):
         local(corpus, tmp_path / "cache", test_src=str(src), test_tgt=str(tmp_path / "missing.de"))
 
 

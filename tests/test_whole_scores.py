@@ -16,6 +16,7 @@ import pytest
 from helpers import ROOT, SHARED_DATA
 
 from attnlab.runner.callbacks import ValidateAtEnd
+from attnlab.runner.resume import best_files
 
 QUIET = ["extras.print_config=false", "callbacks.progress_bar.refresh_rate=0"]
 PROBE = ["model=tiny", "trainer.max_epochs=1", "task.data.train_size=64", "task.data.batch_size=4"]
@@ -82,7 +83,7 @@ def test_every_run_validates_its_final_weights(budget, validated_at, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "best/val/acc" in result.stdout
     assert [int(row["step"]) for row in val_rows(tmp_path)] == validated_at
-    assert list((tmp_path / "checkpoints").glob("epoch_*.ckpt")), "a best checkpoint exists"
+    assert best_files(tmp_path / "checkpoints"), "a best checkpoint exists"
 
 
 MULTI30K = SHARED_DATA / "multi30k"

@@ -1,14 +1,18 @@
 """Files written whole or not at all: a checkpoint, a report, a figure is written to a hidden
 sibling (`.<name>.partial-<pid>`) and renamed onto its name only once complete, so that a
-full disk or a kill leaves the earlier file (or none), never half of one; a file system's
+full disk or a kill leaves the earlier file (or none), never half of one. The file gets the
+mode a plain open() gives (0666 less the umask), whatever mode its writer created the sibling
+with (a temporary file's 0600 would survive the rename). A file system's
 refusal is one sentence naming the file (attnlab.errors.refused_by_machine), also where
 a log file is written (`refusals_stop_logging`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +31,23 @@ def durable_replace(source: Path, target: Path) -> None:
         os.close(directory)
 
 
+def plain_mode() -> int:
+    """The mode open() gives a new file: 0666 less the process's umask (which is read by
+    setting it, then set back)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def give_plain_mode(path: Path) -> None:
+    """Set `path` to plain_mode() where its writer created it with another (a file system
+    that keeps no modes, such as FAT, refuses the change: it is left as that one gives)."""
+    mode = plain_mode()
+    if stat.S_IMODE(path.stat().st_mode) != mode:
+        with contextlib.suppress(PermissionError):
+            os.chmod(path, mode)
+
+
 def partial_of(path: Path) -> Path:
     """Where this process writes `path` before it is whole."""
     return path.with_name(f".{path.name}.partial-{os.getpid()}")
@@ -35,11 +56,12 @@ def partial_of(path: Path) -> Path:
 @contextmanager
 def written(path: Path, durable: bool = False) -> Iterator[Path]:
     """The sibling of `path` to write in the block: renamed onto `path` when the block ends
-    (`durable`: the rename synced), removed when it fails; a full disk or a read-only place
-    is a MachineError naming `path`."""
+    (`durable`: the rename synced) with the mode of a plain open(), removed when it fails; a
+    full disk or a read-only place is a MachineError naming `path`."""
     partial = partial_of(path)
     try:
         yield partial
+        give_plain_mode(partial)
         (durable_replace if durable else os.replace)(partial, path)
     except Exception as error:
         refusal = refused_by_machine(error, path)

@@ -2,8 +2,8 @@
 
 For each run whose status.json says completed: its `checkpoints/last.ckpt` (the whole
 training state, there to resume a run that will not be resumed) is removed where a best
-checkpoint holds its weights, and a best
-checkpoint (`epoch_NNN.ckpt`) written before best checkpoints held the weights only is
+checkpoint holds its weights, and a best checkpoint (`epoch_NNN.ckpt`, or `step_NNNNNN.ckpt`
+in a run that validates by steps) written before best checkpoints held the weights only is
 rewritten without its optimizer, scheduler and callback states (the weights, tokenizers and
 the run's record, which evaluation reads, stay). A run that is running, failed or was
 interrupted is left whole: it may be resumed, and so is a run whose status.json cannot be
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from attnlab import status
 from attnlab.runner.checkpoints import AtomicCheckpointIO
-from attnlab.runner.resume import LAST
+from attnlab.runner.resume import LAST, best_files
 from attnlab.stored import read_checkpoint
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "attnlab_resume")
@@ -35,11 +35,12 @@ def prune_run(run: Path, pruned: Pruned) -> None:
     pruned.runs += 1
     checkpoints = run / "checkpoints"
     last = checkpoints / LAST
-    if last.is_file() and any(checkpoints.glob("epoch_*.ckpt")):  # never the only weights
+    bests = best_files(checkpoints)
+    if last.is_file() and bests:  # never the only weights
         pruned.freed += last.stat().st_size
         pruned.files += 1
         last.unlink()
-    for best in sorted(checkpoints.glob("epoch_*.ckpt")):
+    for best in bests:
         checkpoint = read_checkpoint(best)
         if not any(key in checkpoint for key in TRAINING_STATE):
             continue

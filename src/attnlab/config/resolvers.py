@@ -1,5 +1,6 @@
-"""The resolvers the configs use: `${cwd:}` and `${unique:path}`, which creates run and sweep
-directories (one per run, never shared)."""
+"""The resolvers the configs use: `${cwd:}`, `${unique:path}`, which creates run and sweep
+directories (one per run, never shared), and `${by_steps:trainer,a,b}`, which picks the best
+checkpoint's name by how the run validates."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import itertools
 import os
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from attnlab.errors import unwritable
 
@@ -40,6 +41,20 @@ def unique_directory(path: str) -> str:
     raise AssertionError("unreachable")
 
 
+def validates_by_steps(trainer: DictConfig) -> bool:
+    """Whether a run of `trainer` counts its budget and its validations in steps: a
+    max_steps budget, validated every val_check_interval batches (an int) or across epochs
+    (check_val_every_n_epoch null)."""
+    by_batches = isinstance(trainer.get("val_check_interval"), int)
+    across_epochs = trainer.get("check_val_every_n_epoch") is None
+    return (trainer.get("max_steps") or -1) > 0 and (by_batches or across_epochs)
+
+
+def by_steps(trainer: DictConfig, steps: str, epochs: str) -> str:
+    """`steps` for a run of `trainer` that validates by steps, else `epochs`."""
+    return steps if validates_by_steps(trainer) else epochs
+
+
 def _release_unused() -> None:
     for directory in _reserved:
         with contextlib.suppress(OSError):  # not empty: a run used it
@@ -53,8 +68,11 @@ def register_resolvers() -> None:
     `${hydra:runtime.cwd}` is unset when a multirun's sweeper resolves hydra.sweep.dir).
     `${unique:path}` for run and sweep directories, cached, so that every later read of
     hydra.run.dir (and every job's copy of a sweep's config) gives the one directory made.
+    `${by_steps:${trainer},<name>,<name>}` for the best checkpoint's filename, by step in a
+    run that validates by steps, by epoch otherwise (conf/callbacks/default.yaml).
     """
     if not OmegaConf.has_resolver("unique"):
         atexit.register(_release_unused)
     OmegaConf.register_new_resolver("cwd", os.getcwd, replace=True)
     OmegaConf.register_new_resolver("unique", unique_directory, replace=True, use_cache=True)
+    OmegaConf.register_new_resolver("by_steps", by_steps, replace=True)

@@ -128,7 +128,11 @@ class SplitFile(RunningText):
     def __init__(self, file: str, fractions: list[float], digests: Path) -> None:
         self.path, self.digests = Path(file).expanduser().resolve(), digests
         if not self.path.is_file():
-            raise ConfigError(f"task.data.file={file} is not a file: give a UTF-8 text file")
+            raise ConfigError(
+                f"task.data.file={file} is not a file: give one UTF-8 text file (such as Tiny "
+                "Shakespeare's input.txt), which task.data.fractions cuts into its train, valid "
+                "(and test) parts"
+            )
         ok = isinstance(fractions, list | tuple) and len(fractions) in (2, 3)
         if (
             not (ok and all(is_number(f) and f > 0 for f in fractions))

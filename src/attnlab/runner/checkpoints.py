@@ -9,7 +9,8 @@
   the next hook, once the batch's metrics row is in the metrics file: Lightning logs that
   row after the callbacks' on_train_batch_end, and a state saved there and killed before
   the row was written resumed after that batch, its row lost for good.
-- The best checkpoint (`epoch_NNN.ckpt`) holds the weights, the tokenizers and the run's
+- The best checkpoint (`epoch_NNN.ckpt`; `step_NNNNNN.ckpt` in a run that validates by steps:
+  attnlab.config.resolvers.validates_by_steps) holds the weights, the tokenizers and the run's
   record: what evaluation needs, not the optimizer (`save_weights_only`). `last.ckpt` holds
   the whole training state, and a finished run (trained and tested) drops it where
   `keep_when_done` is false: a run stopped in its test resumes to its test, not to more

@@ -130,7 +130,8 @@ def main() -> None:
         if argument(args, "ckpt_path") is None:
             raise ConfigError(
                 "eval.py needs the checkpoint to evaluate: pass ckpt_path=<run>/checkpoints/"
-                "last.ckpt (the latest state) or <run>/checkpoints/epoch_NNN.ckpt (the best)"
+                "last.ckpt (the latest state) or <run>/checkpoints/epoch_NNN.ckpt (the best; "
+                "step_NNNNNN.ckpt in a run that validates by steps)"
             )
         arguments = evaluation_arguments(args)
         from_run = [arg for arg in arguments if arg not in args]

@@ -34,6 +34,9 @@ from attnlab.errors import ConfigError  # fmt: skip
 from attnlab.stored import RECORD_KEY, read_checkpoint
 
 LAST = "last.ckpt"  # the latest state of a run, in <run dir>/checkpoints/
+# the best weights beside it, named by epoch or, in a run that validates by steps, by step
+# (callbacks.model_checkpoint.filename)
+BEST = ("epoch_*.ckpt", "step_*.ckpt")
 
 # what a stored override may choose (never where output goes) and may set a value inside
 CHOSEN = tuple(group for group in GROUPS if group not in OUTPUT)
@@ -142,6 +145,11 @@ def argument(args: list[str], key: str) -> str | None:
             f"its value for Hydra, {key}='...'"
         ) from None
     return read if read is None or isinstance(read, str) else given[-1].split("=", 1)[1]
+
+
+def best_files(checkpoints: Path) -> list[Path]:
+    """The best checkpoints in a run's `checkpoints` directory, by either name."""
+    return sorted(path for pattern in BEST for path in checkpoints.glob(pattern))
 
 
 def run_directory(checkpoint: Path) -> Path | None:

@@ -114,7 +114,11 @@ def dailydialog_line(line: str, path: Path, number: int) -> Conversation:
 
 def dailydialog_files(directory: str | None, digests: Path) -> Read:
     """The dialogues of `{directory}/dialogues.{train,validation,test}.txt`, by split."""
-    hint = "pass task.data.dir=<directory with dialogues.train.txt>"
+    hint = (
+        "pass task.data.dir=<directory of DailyDialog's dialogues.train.txt (and, optionally, "
+        "dialogues.validation.txt and dialogues.test.txt): one dialogue a line, each turn "
+        f"ended by {END_OF_TURN}>"
+    )
     if directory is None:
         raise ConfigError(f"task.data.source=local needs a directory: {hint}")
     root = Path(directory).expanduser().resolve()

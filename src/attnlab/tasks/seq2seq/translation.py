@@ -118,9 +118,14 @@ class FilePair(LineAlignedFiles):
         super().__init__(src_lang, tgt_lang, digests)
         self.split = split
         self.paths = tuple(Path(p).expanduser().resolve() for p in (src, tgt))
-        for option, path in zip((f"{split}_src", f"{split}_tgt"), self.paths, strict=True):
+        options = (f"task.data.{split}_src", f"task.data.{split}_tgt")
+        for option, path in zip(options, self.paths, strict=True):
             if not path.is_file():
-                raise ConfigError(f"task.data.{option}={path} is not a file")
+                raise ConfigError(
+                    f"{option}={path} is not a file: {' and '.join(options)} are line-aligned "
+                    f"UTF-8 files of {src_lang} and {tgt_lang} sentences, one a line (as "
+                    f"Multi30k's {split}.{src_lang} and {split}.{tgt_lang})"
+                )
 
     def files(self, split: str) -> tuple[Path, Path] | None:
         return self.paths if split == self.split else None  # type: ignore[return-value]

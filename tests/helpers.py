@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import shutil
@@ -221,9 +222,15 @@ def refused_unless(
 def dot_replaced_in_a_mixture(pe: str, synthesizer: str) -> bool:
     """Whether a pe that replaces q·k (pe=path) meets a synthesizer that weighs q·k in a
     mixture: a combination refused at build."""
+    return weighs_dot(synthesizer) and bool(own_class(variant("pe", pe)["_target_"]).replaces_dot)
+
+
+@functools.cache
+def weighs_dot(synthesizer: str) -> bool:
+    """Whether a synthesizer weighs q·k beside other scores (a mixture): built once each, as
+    the parametrizations of thousands of cases ask it at collection."""
     built = build(variant("synthesizer", synthesizer), shape=SHAPE)  # a mixture reads q, k
-    weighs_dot = built.needs_query and built.needs_key and not built.plain_dot
-    return weighs_dot and bool(own_class(variant("pe", pe)["_target_"]).replaces_dot)
+    return built.needs_query and built.needs_key and not built.plain_dot
 
 
 def decoded_one_at_a_time(model: Any, tokens: torch.Tensor, prefix: int = 1) -> torch.Tensor:

@@ -142,15 +142,22 @@ def parser() -> argparse.ArgumentParser:
     return main
 
 
-def print_exported(args: list[str]) -> None:
+def export_settings(args: list[str]) -> dict[str, str]:
+    """ckpt_path and out of `attnlab export`'s key=value arguments, both required."""
     from attnlab.commands.arguments import parse_setting
-    from attnlab.commands.files import check_output
-    from attnlab.export import export
 
     names = ("ckpt_path", "out")
     settings = dict(parse_setting(a, "export", names, names, names.__contains__) for a in args)
     if missing := [name for name in names if name not in settings]:
         raise ConfigError(f"export needs {' and '.join(missing)}: pass ckpt_path=... out=<dir>")
+    return settings
+
+
+def print_exported(args: list[str]) -> None:
+    from attnlab.commands.files import check_output
+    from attnlab.export import export
+
+    settings = export_settings(args)
     read = {"ckpt_path": settings["ckpt_path"]}
     check_output("out", settings["out"], read, "export", "pass out=<a new directory>")
     files = export(settings["ckpt_path"], settings["out"])

@@ -33,15 +33,16 @@ def refuse(*_args, **_kwargs):
 @pytest.mark.parametrize(
     "entry",
     [
-        lambda: train.main(),
         lambda: train.train_main.__wrapped__(None),
         lambda: evaluate.main(),
         lambda: cli.main(["generate", "ckpt_path=x"]),
         lambda: cli.main(["translate", "ckpt_path=x"]),
     ],
-    ids=["train.py", "a sweep's job", "eval.py", "attnlab generate", "attnlab translate"],
+    ids=["train.py's job", "eval.py", "attnlab generate", "attnlab translate"],
 )
 def test_each_entry_point_flushes_first(entry, monkeypatch):
+    """train.py's main() checks the command line, computing nothing with a model, and hands
+    every run (and every sweep's job) to train_main, which flushes first."""
     monkeypatch.setattr(tensors, "flush_denormals", refuse)
     monkeypatch.setattr(evaluate, "flush_denormals", refuse)
     monkeypatch.setattr(sys, "argv", ["train.py", "pe=nonexistent"])

@@ -207,7 +207,9 @@ def test_a_study_with_a_damaged_record_is_not_computed(tmp_path):
     (run / "status.json").write_text('{"state": "completed", "started": 1, "params": "many"}')
     results_md = tmp_path / "RESULTS.md"
     results_md.write_text("<!-- results:p probe -->\n<!-- /results:p -->\n")
-    with pytest.raises(ConfigError, match=r"params='many', not of type int: the tables of p are computed"):
+    with pytest.raises(
+        ConfigError, match=r"params='many', not of type int: the tables of p are computed"
+    ):
         regenerate(results_md)
 
 

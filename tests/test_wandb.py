@@ -168,9 +168,13 @@ def test_the_group_is_the_experiment_else_the_sweep_directory(tmp_path):
     compose_config([], tmp_path)
     assert default_group() is None, "a single run outside an experiment has no group"
     hydra = HydraConfig.get()
-    with open_dict(hydra), read_write(hydra):
-        hydra.mode, hydra.sweep.dir = RunMode.MULTIRUN, "/logs/probe/multiruns/2026-01-02_03-04-05"
-    assert default_group() == "2026-01-02_03-04-05"
+    try:
+        with open_dict(hydra), read_write(hydra):
+            hydra.mode = RunMode.MULTIRUN
+            hydra.sweep.dir = "/logs/probe/multiruns/2026-01-02_03-04-05"
+        assert default_group() == "2026-01-02_03-04-05"
+    finally:  # the next test in this process must not find a sweep's Hydra config
+        HydraConfig.instance().cfg = None
 
 
 def test_a_translation_run_logs_sacrebleus_signatures_with_its_config(tmp_path):

@@ -32,8 +32,13 @@ def durable_replace(source: Path, target: Path) -> None:
 
 
 def plain_mode() -> int:
-    """The mode open() gives a new file: 0666 less the process's umask (which is read by
-    setting it, then set back)."""
+    """The mode open() gives a new file: 0666 less the process's umask, read from
+    /proc/self/status where Linux shows it (setting the umask to read it, the fallback, would
+    change it for an instant under the process's other threads)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
     umask = os.umask(0o022)
     os.umask(umask)
     return 0o666 & ~umask

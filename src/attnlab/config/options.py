@@ -22,9 +22,12 @@ from attnlab.config.groups import GROUPS, VARIANTS
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
-def options(group: str) -> list[str]:
-    """Every option of a config group, from its YAML files."""
-    return sorted(path.stem for path in (CONF_DIR / group).glob("*.yaml"))
+def options(group: str, nested: bool = False) -> list[str]:
+    """Every option of a config group, from its YAML files; `nested`: those in its folders
+    too, by path (task=synthetic/defaults), as the command line may choose them."""
+    folder = CONF_DIR / group
+    found = folder.rglob("*.yaml") if nested else folder.glob("*.yaml")
+    return sorted(str(path.relative_to(folder).with_suffix("")) for path in found)
 
 
 def variant(group: str, option: str, *overrides: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from hydra.core.override_parser.types import ChoiceSweep
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config.groups import GROUPS
-from attnlab.config.options import CONF_DIR
+from attnlab.config.options import CONF_DIR, options
 from attnlab.errors import ConfigError
 
 
@@ -51,12 +51,6 @@ def check_added_groups(args: list[str]) -> None:
 CHOSEN_BY_HYDRA = ("hydra", "hydra/launcher")  # Hydra's plugins add options of their own
 
 
-def group_options(group: str) -> list[str]:
-    """The options of config group `group`: its YAML files, those of its folders by path."""
-    folder = CONF_DIR / group
-    return sorted(str(path.relative_to(folder).with_suffix("")) for path in folder.rglob("*.yaml"))
-
-
 def check_group_choices(args: list[str]) -> None:
     """Raise a ConfigError, with the closest option, for `group=option` (or a sweep of
     options) where the group has no such option: Hydra would list its search path."""
@@ -79,7 +73,7 @@ def check_group_choices(args: list[str]) -> None:
             chosen = list(override.sweep_string_iterator())
         else:
             chosen = [override.get_value_element_as_str()]
-        known = group_options(group)
+        known = options(group, nested=True)
         for option in chosen:
             if option != "null" and option not in known:
                 close = difflib.get_close_matches(option, known, n=1)
@@ -107,7 +101,9 @@ def usage(config_name: str = "train") -> str:
     for group in GROUPS:
         if group not in CHOSEN_BY_HYDRA and (CONF_DIR / group).is_dir():
             default = chosen.get(group, "none")
-            lines.append(f"  {group}: {', '.join(group_options(group))} (default: {default})")
+            lines.append(
+                f"  {group}: {', '.join(options(group, nested=True))} (default: {default})"
+            )
     lines += [
         "",
         "Any setting of the composed config is key=value (model.d_model=64, trainer.max_steps=200);",

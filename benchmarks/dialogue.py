@@ -33,7 +33,8 @@ from benchmarks_common import ROOT, documented, machine, report
 from attnlab.config.build import to_dict
 from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
-from attnlab.runner import run
+from attnlab.runner.plan import Plan, build_datamodule, build_system
+from attnlab.runner.trainer import build_trainer
 
 SETTINGS = [
     "task=chitchat", "model=tiny", "~logger", "extras.print_config=false",
@@ -50,11 +51,11 @@ def test_phase(overrides: list[str], output: Path) -> tuple[int, float]:
         cfg = compose("train", [*SETTINGS, *overrides, f"hydra.run.dir={output}"])
     cfg.paths.output_dir = str(output)
     torch.manual_seed(0)
-    datamodule = run.build_datamodule(cfg)
+    datamodule = build_datamodule(cfg)
     datamodule.prepare_data()
     datamodule.setup("fit")  # the tokenizer, trained or read from the cache: not timed
-    system = run.build_system(run.Plan.from_config(cfg), datamodule)
-    trainer = run.build_trainer(to_dict(cfg))
+    system = build_system(Plan.from_config(cfg), datamodule)
+    trainer = build_trainer(to_dict(cfg))
     datamodule.setup("test")
     start = time.perf_counter()
     (metrics,) = trainer.test(system, datamodule, verbose=False)

@@ -13,7 +13,7 @@ validations included). Reported: each seed, and the mean with its 95% t interval
 next to nanoGPT's 1.88 (which it estimates on 20 random batches of validation windows) and
 to nanoGPT's own code run on this machine and scored on the whole split (NANOGPT_HERE).
 
-speed: the experiment's network (its config composed, built by attnlab.runner.run as train.py
+speed: the experiment's network (its config composed, built by attnlab.runner.plan as train.py
 builds it), trained on the same pre-drawn training batches two ways, alternating, in one
 process: (a) a lightning.Trainer (conf/trainer/default.yaml's settings with max_steps,
 gradient clipping 1.0 and fp32; no validation, checkpointing, logger, progress bar or model
@@ -59,7 +59,9 @@ from attnlab.compare.seeds import interval
 from attnlab.config.build import to_dict
 from attnlab.config.options import CONF_DIR
 from attnlab.config.resolvers import register_resolvers
-from attnlab.runner import run
+from attnlab.runner.loggers import quiet_library_noise
+from attnlab.runner.plan import Plan, build_datamodule, build_system
+from attnlab.runner.trainer import trainer_from
 from attnlab.tasks.lm.system import LMSystem
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -190,7 +192,7 @@ def fit_lightning(
 ) -> tuple[float, float]:
     """Seconds of the steps and the last loss of a Trainer fitting `system` on `batches`."""
     timer = StepTimer()
-    trainer = run.trainer_from(
+    trainer = trainer_from(
         to_dict(cfg.trainer), max_steps=len(batches), max_epochs=-1, limit_val_batches=0,
         num_sanity_val_steps=0, enable_checkpointing=False, logger=False,
         enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0,
@@ -224,10 +226,10 @@ def speed(args: argparse.Namespace, overrides: list[str], directory: Path) -> st
     torch.set_num_threads(args.threads)
     cfg = compose_config(overrides, directory)
     L.seed_everything(cfg.seed, verbose=False)
-    data = run.build_datamodule(cfg)
+    data = build_datamodule(cfg)
     loader = iter(data.train_dataloader())
     batches = [next(loader) for _ in range(steps)]
-    lightning_system = run.build_system(run.Plan.from_config(cfg), data)
+    lightning_system = build_system(Plan.from_config(cfg), data)
     plain_system = copy.deepcopy(lightning_system)
     initial = copy.deepcopy(lightning_system.state_dict())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # accelerator=auto
@@ -292,7 +294,7 @@ def main() -> None:
             f"the benchmarks read Tiny Shakespeare from {SHAKESPEARE}, which is absent"
         )
     warnings.filterwarnings("ignore", module="lightning")  # the list's loader has no workers
-    run.quiet_library_noise()
+    quiet_library_noise()
     subparser = anchor_parser if args.which == "anchor" else speed_parser
     with tempfile.TemporaryDirectory() as name:
         directory = Path(name)

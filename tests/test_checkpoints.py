@@ -74,7 +74,7 @@ def test_a_save_killed_halfway_leaves_the_previous_checkpoint_whole(tmp_path):
 
 def test_training_writes_checkpoints_through_the_atomic_io(make_config):
     from attnlab.config.build import to_dict
-    from attnlab.runner.run import build_trainer
+    from attnlab.runner.trainer import build_trainer
 
     trainer = build_trainer(to_dict(make_config(["model=tiny"])))
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
@@ -115,7 +115,7 @@ def test_a_run_that_validates_by_steps_names_its_best_checkpoint_by_step(make_co
 def test_a_callback_set_to_null_is_left_out(make_config):
     from attnlab.config.build import to_dict
     from attnlab.runner.callbacks import AttentionMaps
-    from attnlab.runner.run import build_trainer
+    from attnlab.runner.trainer import build_trainer
 
     def kinds(*overrides: str) -> set[str]:
         trainer = build_trainer(to_dict(make_config(["model=tiny", *overrides])))
@@ -201,7 +201,7 @@ def test_the_latest_checkpoint_saves_after_the_best_checkpoint_and_early_stoppin
     stopping, every Checkpoint) last, in list order, where an epoch ends."""
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-    from attnlab.runner.run import state_savers_last
+    from attnlab.runner.trainer import state_savers_last
 
     latest = LatestCheckpoint(str(tmp_path), None, None, keep_when_done=True)
     best, stopping = ModelCheckpoint(dirpath=tmp_path), EarlyStopping(monitor="val/loss")

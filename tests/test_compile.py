@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from attnlab.runner.run import Plan, build_datamodule, build_system
+from attnlab.runner.plan import Plan, build_datamodule, build_system
 from attnlab.tasks.probe.data import probe_example
 
 

@@ -198,7 +198,7 @@ def test_the_probe_table_sweeps_existing_options(tmp_path):
 @pytest.mark.slow
 def test_importing_the_package_registers_no_resolver():
     program = (
-        "import attnlab.config.options, attnlab.runner.run; from omegaconf import OmegaConf; "
+        "import attnlab.config.options, attnlab.runner.plan, attnlab.runner.trainer; from omegaconf import OmegaConf; "
         "from attnlab.config.resolvers import register_resolvers; "
         "assert not OmegaConf.has_resolver('unique'), 'registered on import'; "
         "register_resolvers(); assert OmegaConf.has_resolver('unique')"

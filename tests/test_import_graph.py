@@ -127,7 +127,8 @@ def test_a_training_run_imports_no_report_or_plot_until_it_draws():
     import sys
 
     program = (
-        "import sys; import attnlab.runner.train, attnlab.runner.run, attnlab.runner.callbacks; "
+        "import sys; import attnlab.runner.train, attnlab.runner.plan, attnlab.runner.trainer, "
+        "attnlab.runner.loggers, attnlab.runner.summary, attnlab.runner.callbacks; "
         "import attnlab.tasks.lm.system, attnlab.tasks.probe.system; "
         "import attnlab.tasks.seq2seq.system, attnlab.tasks.synthetic.system; "
         "print(sorted(m for m in sys.modules "

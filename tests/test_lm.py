@@ -25,7 +25,7 @@ from attnlab.data.task import NON_OVERLAPPING, SLIDING
 from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
 from attnlab.model.transformer import DecoderLM
-from attnlab.runner.run import Plan, build_system
+from attnlab.runner.plan import Plan, build_system
 from attnlab.runner.train import train
 from attnlab.tasks.lm.stream import (
     EOS_ID,

@@ -38,7 +38,7 @@ from attnlab.data.encoding import (
 from attnlab.data.record import write_record
 from attnlab.data.tokenizer import EOS_ID
 from attnlab.errors import ConfigError
-from attnlab.runner.run import build_datamodule
+from attnlab.runner.plan import build_datamodule
 from attnlab.tasks.lm.stream import CharTokenizer, restore_tokenizer
 
 DOCUMENTS = ["first document\nwith two lines", "second", "third one", "fourth and last"]

@@ -19,7 +19,7 @@ from helpers import ROOT, compose_config
 from test_lm_corpus import corpus_settings, many_documents
 
 from attnlab.errors import ConfigError
-from attnlab.runner.run import build_datamodule
+from attnlab.runner.plan import build_datamodule
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 LATER = "fedcba9876543210fedcba9876543210fedcba98"

@@ -19,7 +19,7 @@ from test_lm_generation import save_lm_checkpoint
 from attnlab.commands.generate import load_language_model
 from attnlab.config.build import build
 from attnlab.errors import ConfigError
-from attnlab.runner.run import Plan, build_system
+from attnlab.runner.plan import Plan, build_system
 from attnlab.runner.train import train
 
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from attnlab.config.build import build
 from attnlab.config.options import causal_only, options, variant
 from attnlab.errors import ConfigError
-from attnlab.runner.run import Plan, build_datamodule, build_system
+from attnlab.runner.plan import Plan, build_datamodule, build_system
 from attnlab.studies.probe import chance_bound, predict
 from attnlab.tasks.probe.data import ZERO, probe_example
 

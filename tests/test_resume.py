@@ -387,16 +387,16 @@ def test_a_sigterm_while_a_run_sets_up_ends_it_interrupted_with_its_lock_freed(
 ):
     """Before Lightning's handler exists (the default handler would kill the run with its
     status left running and its lock held)."""
-    from attnlab.runner import run as runner
+    from attnlab.runner import plan
     from attnlab.runner.train import sigterm_stops, train
 
-    building = runner.build_datamodule
+    building = plan.build_datamodule
 
     def then_sigterm(cfg):
         os.kill(os.getpid(), signal.SIGTERM)
         return building(cfg)
 
-    monkeypatch.setattr(runner, "build_datamodule", then_sigterm)
+    monkeypatch.setattr(plan, "build_datamodule", then_sigterm)
     with pytest.raises(SystemExit), sigterm_stops():
         train(make_config(TINY_EPOCH))
     assert status.read(tmp_path).state == "interrupted"

@@ -18,7 +18,7 @@ from attnlab.commands.cli import main
 from attnlab.errors import ConfigError
 from attnlab.memory import estimated_parameters
 from attnlab.model.architecture import Architecture
-from attnlab.runner import run
+from attnlab.runner.plan import Plan, build_datamodule
 from attnlab.stored import CONFIG
 from attnlab.tasks.probe.system import TaggerSystem
 
@@ -36,7 +36,7 @@ def test_a_network_too_large_to_train_is_one_sentence_before_any_allocation(
     overrides, sentence, make_config
 ):
     with pytest.raises(ConfigError, match=sentence):
-        run.Plan.from_config(make_config(overrides))
+        Plan.from_config(make_config(overrides))
 
 
 @pytest.mark.parametrize("overrides", [[], ["model=tiny", "model.n_layers=5"], ["pe=learned"]])
@@ -86,12 +86,12 @@ def test_data_sets_too_large_to_make_are_one_sentence_before_any_is_made(
     overrides, sentence, make_config
 ):
     with pytest.raises(ConfigError, match=sentence):
-        run.build_datamodule(make_config(overrides))
+        build_datamodule(make_config(overrides))
 
 
 @pytest.mark.parametrize("markers", [False, True])
 def test_the_probes_estimate_counts_the_sequences_and_positions_it_makes(markers, make_config):
-    data = run.build_datamodule(
+    data = build_datamodule(
         make_config([f"task.markers={str(markers).lower()}", "task.data.min_len=3",
                      "task.data.max_len=9", "task.data.eval_max_len=20", "task.data.train_size=500"])
     )  # fmt: skip

@@ -16,7 +16,7 @@ from attnlab.config.options import variant
 from attnlab.data.task import IGNORE
 from attnlab.errors import ConfigError
 from attnlab.model.architecture import Architecture
-from attnlab.runner import run
+from attnlab.runner.plan import Plan, build_datamodule, build_system
 from attnlab.runner.train import train
 from attnlab.tasks.synthetic.data import (
     Batches,
@@ -249,8 +249,8 @@ def test_a_tiny_model_learns_to_copy_at_its_training_lengths(make_config, arch, 
                        f"task.arch={arch}", f"task.data.bos={bos}", "task.data.train_max_len=6",
                        "task.data.generator.alphabet=8", "task.data.batch_size=32"])  # fmt: skip
     torch.manual_seed(0)
-    data = run.build_datamodule(cfg)
-    system = run.build_system(run.Plan.from_config(cfg), data)
+    data = build_datamodule(cfg)
+    system = build_system(Plan.from_config(cfg), data)
     assert validation_accuracy(system, data) < 0.05
     optimizer = torch.optim.AdamW(system.parameters(), lr=3e-3, weight_decay=0.0)
     batches = itertools.cycle(data.train_dataloader())

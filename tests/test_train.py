@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from attnlab import status
 from attnlab.config.options import causal_only, options
 from attnlab.errors import Diverged
-from attnlab.runner.run import print_config
+from attnlab.runner.summary import print_config
 from attnlab.runner.train import train
 from attnlab.systems.optim import lr_factor
 
@@ -206,7 +206,7 @@ def test_the_start_of_a_run_names_the_parameters_without_lightnings_noise(make_c
 
 
 def test_the_end_of_run_summary_goes_to_the_console_and_to_the_runs_log_file(tmp_path, capsys):
-    from attnlab.runner.run import report
+    from attnlab.runner.summary import report
 
     handler = logging.FileHandler(tmp_path / "train.log")
     logging.getLogger().addHandler(handler)
@@ -220,7 +220,7 @@ def test_the_end_of_run_summary_goes_to_the_console_and_to_the_runs_log_file(tmp
 
 
 def test_the_summary_names_the_block_and_the_probes_switches(make_config):
-    from attnlab.runner.run import closing_summary
+    from attnlab.runner.summary import closing_summary
 
     text = closing_summary(make_config(["task.markers=true"]), {"total": 10}, {}, "/run")
     assert "block        standard" in text and "markers      true" in text
@@ -228,7 +228,7 @@ def test_the_summary_names_the_block_and_the_probes_switches(make_config):
 
 
 def test_the_config_tree_keeps_every_line_whole_when_not_on_a_terminal(make_config):
-    from attnlab.runner.run import config_tree
+    from attnlab.runner.summary import config_tree
 
     long = "x" * 300
     text = config_tree(make_config([f"tags=[{long}]"]), color=False)

@@ -180,7 +180,7 @@ def test_the_group_is_the_experiment_else_the_sweep_directory(tmp_path):
 def test_a_translation_run_logs_sacrebleus_signatures_with_its_config(tmp_path):
     from attnlab.config.build import to_dict
     from attnlab.config.groups import ARCHITECTURE
-    from attnlab.runner.run import logged_config
+    from attnlab.runner.loggers import logged_config
     from attnlab.tasks.seq2seq.system import Seq2SeqSystem
 
     cfg = compose_config(["task=multi30k", "model=tiny", "pe=t5"], tmp_path)
@@ -228,7 +228,7 @@ def test_the_logged_config_holds_no_file_location_and_one_epoch_budget(tmp_path)
     from types import SimpleNamespace
 
     from attnlab.config.build import to_dict
-    from attnlab.runner.run import logged_config
+    from attnlab.runner.loggers import logged_config
 
     system = SimpleNamespace(describe=dict)  # what logged_config asks of a system
     translation = compose_config(

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from attnlab.errors import ConfigError, MachineError, refused_by_machine
 from attnlab.runner.job import compose_run, job_config
-from attnlab.runner.run import build_datamodule
+from attnlab.runner.plan import build_datamodule
 from attnlab.tasks.lm.data import LMDataModule
 
 

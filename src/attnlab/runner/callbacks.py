@@ -1,5 +1,5 @@
 """Lightning callbacks of our own: conf/callbacks/default.yaml lists the optional ones;
-ValidateAtEnd and ScoredExamples are part of every trainer (`attnlab.runner.run.build_trainer`)."""
+ValidateAtEnd and ScoredExamples are part of every trainer (`attnlab.runner.trainer.build_trainer`)."""
 
 from __future__ import annotations
 

@@ -43,16 +43,19 @@ STAGES = {"test": "test", "val": "validate"}  # split=... -> Lightning's stage
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Test (or validate) the checkpoint `cfg.ckpt_path` on the configured data."""
-    from attnlab.runner import run
+    from attnlab.runner.loggers import closing_loggers, quiet_library_noise
+    from attnlab.runner.plan import build_datamodule, resolve_output_dir
+    from attnlab.runner.summary import closing_summary, print_config, report, scalar_metrics
+    from attnlab.runner.trainer import build_trainer
 
     if cfg.split not in STAGES:
         raise ConfigError(f"split={cfg.split!r} is not one of: {', '.join(STAGES)}")
-    run.quiet_library_noise()
+    quiet_library_noise()
     if cfg.extras.print_config:
-        run.print_config(cfg)
+        print_config(cfg)
     config = to_dict(cfg)  # the config as data, once
     check_ranges(config)
-    datamodule = run.build_datamodule(config)
+    datamodule = build_datamodule(config)
     checkpoint = read_checkpoint(config["ckpt_path"])
     changeable = evaluation_options(config)
     check_same_model(config, checkpoint[RECORD_KEY]["config"], "eval.py", changeable)
@@ -64,13 +67,13 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     system = rebuild(system_class, checkpoint, settings)  # its tokenizers checked against it
     datamodule.restore(checkpoint, STAGES[config["split"]])
     system.check_lengths(datamodule)
-    trainer = run.build_trainer(config)
+    trainer = build_trainer(config)
     method = trainer.test if config["split"] == "test" else trainer.validate
-    with run.closing_loggers(trainer):
+    with closing_loggers(trainer):
         (results,) = method(system, datamodule, verbose=False)
-    metrics = run.scalar_metrics(results)
-    output_dir = run.resolve_output_dir(config)
-    run.report(run.closing_summary(config, system.parameter_counts(), metrics, output_dir))
+    metrics = scalar_metrics(results)
+    output_dir = resolve_output_dir(config)
+    report(closing_summary(config, system.parameter_counts(), metrics, output_dir))
     return metrics
 
 

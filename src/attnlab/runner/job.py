@@ -5,6 +5,9 @@ rebuilt from a checkpoint (eval.py, a resumed train.py) puts the checkpoint's st
 overrides ahead of the command line's. That list is composed with Hydra's compose API, and
 the job gets what Hydra gives one: its directory (`hydra.run.dir`), `hydra.runtime`, its
 logging (`<name>.log` there) and `.hydra/{config,hydra,overrides}.yaml`.
+
+What a job knows of itself from Hydra: whether it is one of a -m sweep's, and the overrides
+it was launched with.
 """
 
 from __future__ import annotations
@@ -66,3 +69,12 @@ def is_sweep_job(output_dir: Path) -> bool:
     """Whether `output_dir` is a job's directory in a -m sweep's (multirun.yaml beside it):
     a job resumed on its own (train.py run_dir=<job>) is still one."""
     return (output_dir.parent / "multirun.yaml").is_file()
+
+
+def in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def command_line_overrides() -> list[str]:
+    """The overrides this run was launched with (empty outside a Hydra app)."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []

@@ -52,27 +52,42 @@ def train(cfg: DictConfig) -> dict[str, float]:
     from lightning.pytorch.utilities import rank_zero_only
 
     from attnlab import status
-    from attnlab.runner import run
     from attnlab.runner.checkpoints import RunRecord
+    from attnlab.runner.devices import check_sweep_devices, device_name
+    from attnlab.runner.job import command_line_overrides
+    from attnlab.runner.loggers import (
+        closing_loggers,
+        log_hyperparameters,
+        logged_config,
+        quiet_library_noise,
+    )
+    from attnlab.runner.plan import Plan, build_datamodule, build_system, resolve_output_dir
     from attnlab.runner.resume import RECORD_KEY, absolute_locations, read_checkpoint, run_directory
     from attnlab.runner.same_model import check_same_model
     from attnlab.runner.status import tracking
+    from attnlab.runner.summary import (
+        closing_summary,
+        print_config,
+        report,
+        save_config_tree,
+    )
+    from attnlab.runner.trainer import accumulate_for, build_trainer
 
-    run.quiet_library_noise()
-    output_dir = run.resolve_output_dir(cfg)
+    quiet_library_noise()
+    output_dir = resolve_output_dir(cfg)
     resuming = cfg.ckpt_path is not None and run_directory(Path(cfg.ckpt_path)) == Path(output_dir)
     first = rank_zero_only.rank == 0  # the process that writes the run's files
     if first and not resuming and (Path(output_dir) / status.FILE).is_file():
         raise holds_a_run(output_dir)  # main() refuses it first, where the command line says
     if cfg.extras.print_config:
-        run.print_config(cfg)
+        print_config(cfg)
     with tracking(Path(output_dir), enabled=first, resumed=resuming) as tracker:
-        run.save_config_tree(cfg, output_dir)
-        plan = run.Plan.from_config(cfg)  # the config as data, checked before any data is read
+        save_config_tree(cfg, output_dir)
+        plan = Plan.from_config(cfg)  # the config as data, checked before any data is read
         config = plan.config
-        run.check_sweep_devices(config)
+        check_sweep_devices(config)
         L.seed_everything(config["seed"], workers=True)
-        datamodule = run.build_datamodule(config)
+        datamodule = build_datamodule(config)
         if config["test"] and not datamodule.has_split("test"):
             raise ConfigError(
                 "the data has no test split: pass test=false (and evaluate split=val with eval.py)"
@@ -80,22 +95,22 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if config["ckpt_path"] is not None:
             stored = read_checkpoint(config["ckpt_path"])[RECORD_KEY]["config"]
             check_same_model(config, stored, "train.py ckpt_path=...")
-        system = run.build_system(plan, datamodule)
+        system = build_system(plan, datamodule)
         counts = system.parameter_counts()
         tracker.update(params=counts["total"])
-        overrides = absolute_locations(run.command_line_overrides(), config["paths"]["root_dir"])
+        overrides = absolute_locations(command_line_overrides(), config["paths"]["root_dir"])
         record = RunRecord(overrides, config)
-        trainer = run.build_trainer(config, [record])
-        run.accumulate_for(trainer, datamodule)
-        tracker.update(device=run.device_name(trainer.strategy.root_device))
+        trainer = build_trainer(config, [record])
+        accumulate_for(trainer, datamodule)
+        tracker.update(device=device_name(trainer.strategy.root_device))
         try:
-            with run.closing_loggers(trainer):
-                run.log_hyperparameters(trainer, run.logged_config(config, system))
+            with closing_loggers(trainer):
+                log_hyperparameters(trainer, logged_config(config, system))
                 metrics = fit_and_test(config, trainer, system, datamodule)
         finally:
             tracker.update(steps=trainer.global_step)
     if first:
-        run.report(run.closing_summary(config, counts, metrics, output_dir))
+        report(closing_summary(config, counts, metrics, output_dir))
     return metrics
 
 
@@ -105,8 +120,8 @@ def fit_and_test(
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from attnlab.logger.csv import CSVLogger
-    from attnlab.runner import run
     from attnlab.runner.checkpoints import LatestCheckpoint, best_checkpoint
+    from attnlab.runner.summary import scalar_metrics
 
     metrics: dict[str, float] = {}
     checkpoint = best_checkpoint(trainer)
@@ -117,7 +132,7 @@ def fit_and_test(
         stop = trainer.strategy.reduce_boolean_decision(trainer.received_sigterm, all=False)
         if stop and config["test"]:
             raise SIGTERMException
-        metrics.update(averaged_over_ranks(trainer, run.scalar_metrics(trainer.callback_metrics)))
+        metrics.update(averaged_over_ranks(trainer, scalar_metrics(trainer.callback_metrics)))
         if checkpoint is not None and checkpoint.best_model_score is not None:
             metrics[f"best/{config['optimized_metric']}"] = float(checkpoint.best_model_score)
     if config["test"]:
@@ -128,7 +143,7 @@ def fit_and_test(
             if isinstance(logger, CSVLogger):
                 logger.drop_tests()  # a run killed after its test tests again, whole
         (results,) = trainer.test(system, datamodule, ckpt_path=best or None, verbose=False)
-        metrics.update(run.scalar_metrics(results))
+        metrics.update(scalar_metrics(results))
     if config["train"]:
         for callback in trainer.callbacks:
             if isinstance(callback, LatestCheckpoint):
@@ -174,7 +189,7 @@ def averaged_over_ranks(trainer: L.Trainer, metrics: dict[str, float]) -> dict[s
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def train_main(cfg: DictConfig) -> float | None:
-    from attnlab.runner.run import in_sweep
+    from attnlab.runner.job import in_sweep
     from attnlab.tensors import flush_denormals
 
     flush_denormals()  # again: a launcher's worker process (joblib, submitit) starts here

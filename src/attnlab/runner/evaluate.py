@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 import hydra
@@ -30,10 +29,11 @@ from attnlab.config.resolvers import register_resolvers
 from attnlab.config.values import check_ranges
 from attnlab.errors import ConfigError, check_writable, refused_by_machine
 from attnlab.files import refusals_stop_logging
+from attnlab.runner import command_line
 from attnlab.runner.job import run_composed
 from attnlab.runner.lock import check_contained
 from attnlab.runner.preflight import check_setting_keys
-from attnlab.runner.resume import argument, evaluation_arguments
+from attnlab.runner.resume import evaluation_arguments
 from attnlab.runner.same_model import check_same_model, evaluation_options, with_settings
 from attnlab.stored import RECORD_KEY, read_checkpoint, rebuild
 from attnlab.tensors import flush_denormals
@@ -125,12 +125,12 @@ def main() -> None:
     flags (--help, --cfg, ...) go to Hydra's app with the command line as given."""
     flush_denormals()
     register_resolvers()
-    args = sys.argv[1:]
-    if any(a.startswith("-") for a in args):
+    args = command_line.given()
+    if command_line.flags(args):
         evaluate_main()
         return
     try:
-        if argument(args, "ckpt_path") is None:
+        if command_line.value(args, "ckpt_path") is None:
             raise ConfigError(
                 "eval.py needs the checkpoint to evaluate: pass ckpt_path=<run>/checkpoints/"
                 "last.ckpt (the latest state) or <run>/checkpoints/epoch_NNN.ckpt (the best; "
@@ -139,7 +139,7 @@ def main() -> None:
         arguments = evaluation_arguments(args)
         from_run = [arg for arg in arguments if arg not in args]
         arguments = check_setting_keys(arguments, "eval", stored=from_run)
-        run_dir = argument(args, "hydra.run.dir")
+        run_dir = command_line.value(args, "hydra.run.dir")
         existed = run_dir is not None and Path(run_dir).exists()
         if run_dir is not None:
             check_evaluation_directory(Path(run_dir))

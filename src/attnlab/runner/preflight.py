@@ -20,25 +20,18 @@ from collections.abc import Collection
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.config.groups import GROUPS
 from attnlab.config.options import CONF_DIR, options
 from attnlab.errors import ConfigError
+from attnlab.runner.command_line import flags, parse_all, parsed
 
 
 def check_added_groups(args: list[str]) -> None:
     """Raise a ConfigError for `+name=...` where attnlab has no config group `name`."""
-    parser = OverridesParser.create()
-    for arg in args:
-        if arg.startswith("-") or "=" not in arg:
-            continue  # flags (-m, --cfg job) and their values
-        try:
-            (override,) = parser.parse_overrides([arg])
-        except Exception:
-            continue  # a syntax error: Hydra says where
+    for arg, override in parsed(args):
         key = override.key_or_group
         added = override.is_add() or override.is_force_add()
         if added and "." not in key and key not in GROUPS:
@@ -54,14 +47,7 @@ CHOSEN_BY_HYDRA = ("hydra", "hydra/launcher")  # Hydra's plugins add options of 
 def check_group_choices(args: list[str]) -> None:
     """Raise a ConfigError, with the closest option, for `group=option` (or a sweep of
     options) where the group has no such option: Hydra would list its search path."""
-    parser = OverridesParser.create()
-    for arg in args:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        try:
-            (override,) = parser.parse_overrides([arg])
-        except Exception:
-            continue  # a syntax error: Hydra says where
+    for _, override in parsed(args):
         group = override.key_or_group
         if group not in GROUPS or group in CHOSEN_BY_HYDRA or override.package is not None:
             continue
@@ -146,10 +132,10 @@ def check_setting_keys(
     exist. `stored`: the arguments read from a run's checkpoint, not typed by the user."""
     check_added_groups(args)
     check_group_choices(args)
-    if any(arg.startswith("-") for arg in args):  # -m, --help, --cfg: Hydra's own business
+    if flags(args):  # -m, --help, --cfg: Hydra's own business
         return args
     try:
-        overrides = OverridesParser.create().parse_overrides(args)
+        overrides = parse_all(args)
     except Exception:
         return args  # a syntax error: Hydra says where
     settings = [

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from omegaconf import OmegaConf
 
@@ -31,6 +30,7 @@ from attnlab import shell
 from attnlab.config.build import declared, flatten
 from attnlab.config.groups import ARCHITECTURE, GROUPS, OUTPUT
 from attnlab.errors import ConfigError  # fmt: skip
+from attnlab.runner import command_line
 from attnlab.stored import RECORD_KEY, read_checkpoint
 
 LAST = "last.ckpt"  # the latest state of a run, in <run dir>/checkpoints/
@@ -117,7 +117,7 @@ def _allowed(override: Override) -> bool:
 def allowed_overrides(stored: list[str], source: str) -> list[str]:
     """The stored overrides that may be applied again; the others are logged and left out."""
     try:
-        parsed = _parse(stored)
+        parsed = command_line.parse_all(stored)
     except Exception as error:
         raise ConfigError(f"{source} stores overrides that do not parse ({error})") from None
     kept = [text for text, override in zip(stored, parsed, strict=True) if _allowed(override)]
@@ -129,22 +129,6 @@ def allowed_overrides(stored: list[str], source: str) -> list[str]:
             file=sys.stderr,
         )
     return kept
-
-
-def argument(args: list[str], key: str) -> str | None:
-    """The value the last `key=...` of `args` gives, as Hydra reads it (`run_dir='a b'` is
-    `a b`, `ckpt_path=null` None); a value that is no string (a sweep) as it was typed."""
-    given = [arg for arg in args if arg.startswith(f"{key}=")]
-    if not given:
-        return None
-    try:
-        read = shell.value(given[-1])
-    except Exception as error:
-        raise ConfigError(
-            f"{given[-1]} does not parse as an override ({str(error).splitlines()[0]}): quote "
-            f"its value for Hydra, {key}='...'"
-        ) from None
-    return read if read is None or isinstance(read, str) else given[-1].split("=", 1)[1]
 
 
 def best_files(checkpoints: Path) -> list[Path]:
@@ -168,12 +152,8 @@ def named_run_directory(checkpoint: Path) -> Path | None:
 
 def stored_record(args: list[str]) -> dict[str, Any] | None:
     """The run record of the checkpoint `args` name (ckpt_path=...), if they name one."""
-    path = argument(args, "ckpt_path")
+    path = command_line.value(args, "ckpt_path")
     return None if path in (None, "null") else read_checkpoint(path)[RECORD_KEY]
-
-
-def _parse(overrides: list[str]) -> list[Override]:
-    return OverridesParser.create().parse_overrides(list(overrides))
 
 
 def absolute_locations(overrides: list[str], root: str | Path) -> list[str]:
@@ -181,7 +161,7 @@ def absolute_locations(overrides: list[str], root: str | Path) -> list[str]:
     against `root`, the directory the run was launched from, so that a run read back from
     another directory finds the same files, or none."""
     located = []
-    for text, override in zip(overrides, _parse(overrides), strict=True):
+    for text, override in zip(overrides, command_line.parse_all(overrides), strict=True):
         value = override.value() if override.key_or_group in DATA_LOCATIONS else None
         if isinstance(value, str) and not Path(value).is_absolute() and "'" not in value:
             prefix = text[: text.index(override.key_or_group)]
@@ -193,10 +173,10 @@ def absolute_locations(overrides: list[str], root: str | Path) -> list[str]:
 def stored_locations(stored: list[str], args: list[str]) -> list[tuple[str, Any]]:
     """The data locations (key, value) that `stored` sets and `args` do not: what a run
     rebuilt from its checkpoint reads because the checkpoint says so."""
-    given = {override.key_or_group for override in _parse(args)}
+    given = {override.key_or_group for override in command_line.parse_all(args)}
     return [
         (override.key_or_group, override.value())
-        for override in _parse(stored)
+        for override in command_line.parse_all(stored)
         if override.key_or_group in DATA_LOCATIONS and override.key_or_group not in given
     ]
 
@@ -224,12 +204,12 @@ def stored_overrides(record: dict[str, Any]) -> list[str]:
 def for_callbacks_chosen(stored: list[str], args: list[str]) -> list[str]:
     """`stored` less its callback options when `args` choose other callbacks (`callbacks=
     default`, `~callbacks`): those options may be of a callback the new choice lacks."""
-    choice = argument(args, "callbacks")
+    choice = command_line.value(args, "callbacks")
     chosen = "~callbacks" if "~callbacks" in args else choice and f"callbacks={choice}"
-    same = choice is not None and choice == argument(stored, "callbacks")
+    same = choice is not None and choice == command_line.value(stored, "callbacks")
     if chosen is None or same:
         return stored
-    options = [o.key_or_group.startswith("callbacks.") for o in _parse(stored)]
+    options = [o.key_or_group.startswith("callbacks.") for o in command_line.parse_all(stored)]
     if any(options):
         dropped = " ".join(text for text, drop in zip(stored, options, strict=True) if drop)
         print(f"attnlab: {chosen} on the command line replaces {dropped}", file=sys.stderr)
@@ -277,7 +257,7 @@ def evaluation_arguments(args: list[str]) -> list[str]:
     if record is None:
         return args
     kept = stored_overrides(record)
-    training = [o.key_or_group.split(".")[0] in TRAINING_ONLY for o in _parse(kept)]
+    training = [o.key_or_group.split(".")[0] in TRAINING_ONLY for o in command_line.parse_all(kept)]
     stored = [text for text, drop in zip(kept, training, strict=True) if not drop]
     if any(training):
         dropped = " ".join(text for text, drop in zip(kept, training, strict=True) if drop)
@@ -299,19 +279,19 @@ def training_arguments(args: list[str]) -> list[str] | None:
     """The overrides of a resumed run (None when train.py's command line resumes nothing).
     `run_dir=<run>` stands for `ckpt_path=<run>/checkpoints/last.ckpt`; a checkpoint inside a
     run directory continues that run, in that directory."""
-    run_dir = argument(args, "run_dir")
+    run_dir = command_line.value(args, "run_dir")
     if run_dir is not None:
         checkpoint = Path(run_dir) / "checkpoints" / LAST
         if not checkpoint.is_file():
             raise no_checkpoint(Path(run_dir))
-        args = [a for a in args if not a.startswith("run_dir=")]
+        args = command_line.without(args, "run_dir")
         args.append(shell.override("ckpt_path", checkpoint))
-    if any(a.startswith("-") for a in args) and argument(args, "ckpt_path") not in (None, "null"):
+    if command_line.flags(args) and command_line.chooses(args, "ckpt_path"):
         raise ConfigError(
             "ckpt_path= resumes one run, so it takes no flags (-m, --cfg, ...): run each "
             "resumed job on its own"
         )
-    path = argument(args, "ckpt_path")
+    path = command_line.value(args, "ckpt_path")
     if path in (None, "null"):
         return None
     checkpoint = read_checkpoint(path)
@@ -324,7 +304,7 @@ def training_arguments(args: list[str]) -> list[str] | None:
     check_same_task(checkpoint[RECORD_KEY], args, "train.py")
     check_data_present(stored, args, "train.py")
     resumed = [*for_callbacks_chosen(stored, args), *args]
-    directory = run_directory(Path(argument(args, "ckpt_path")))
+    directory = run_directory(Path(command_line.value(args, "ckpt_path")))
     return resumed + ([shell.override("hydra.run.dir", directory)] if directory else [])
 
 
@@ -334,7 +314,9 @@ def check_restored(resumed: list[str]) -> None:
     name a value it never trained with."""
     from attnlab.runner.job import compose_run
 
-    stored = flatten(read_checkpoint(argument(resumed, "ckpt_path"))[RECORD_KEY]["config"])
+    stored = flatten(
+        read_checkpoint(command_line.value(resumed, "ckpt_path"))[RECORD_KEY]["config"]
+    )
     composed = compose_run("train", resumed)
     for key in RESTORED:
         chosen = OmegaConf.select(composed, key, default=None)
@@ -376,7 +358,7 @@ def no_checkpoint(run_dir: Path) -> ConfigError:
 def check_same_task(record: dict[str, Any], args: list[str], program: str) -> None:
     """Refuse a command line that names another task than the checkpoint's, before the
     checkpoint's overrides (which may be of settings the other task lacks) are composed."""
-    chosen, stored = argument(args, "task"), record["config"]["task"]["name"]
+    chosen, stored = command_line.value(args, "task"), record["config"]["task"]["name"]
     if chosen is not None and chosen != stored:
         raise model_differs(program, f"task.name={stored} (not {chosen})")
 

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab import status
 from attnlab.errors import ConfigError
+from attnlab.runner.command_line import flags, parse_all
 from attnlab.runner.resume import LAST
 from attnlab.shell import override, resume_command, train_command
 
@@ -82,7 +82,7 @@ def sweep_jobs(sweep: Path) -> list[list[str]]:
     params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
     arguments = [*params, *((hydra.get("overrides") or {}).get("task") or [])]
     try:
-        parsed = OverridesParser.create().parse_overrides(arguments)
+        parsed = parse_all(arguments)
         (jobs,) = BasicSweeper.split_arguments(parsed, None)
     except Exception as error:
         raise ConfigError(
@@ -149,10 +149,10 @@ def finish_sweep(sweep: Path, extra: list[str]) -> int:
     """Run or resume every job of `sweep` not yet done; the exit status of the sweep."""
     from attnlab.reports.sweep import report_sweep
 
-    if flags := [arg for arg in extra if arg.startswith("-")]:
+    if given := flags(extra):
         raise ConfigError(
             f"run_dir= of a sweep finishes it as it was launched, so it takes no flags "
-            f"({' '.join(flags)}): pass settings only"
+            f"({' '.join(given)}): pass settings only"
         )
     jobs = sweep_jobs(sweep)
     numbered = {d.name for d in sweep.iterdir() if d.is_dir() and d.name.isdigit()}

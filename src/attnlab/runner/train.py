@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -280,17 +279,17 @@ def first_process() -> bool:
 def check_directories(args: list[str]) -> None:
     """Refuse, before Hydra writes its config and log there, a directory that this command
     must not write into: a refused command changes nothing."""
-    from attnlab.runner.resume import argument
+    from attnlab.runner.command_line import is_multirun, value
 
     args = [arg.lstrip("+") for arg in args]
-    if "-m" in args or "--multirun" in args:
-        sweep = argument(args, "hydra.sweep.dir")
+    if is_multirun(args):
+        sweep = value(args, "hydra.sweep.dir")
         if sweep is not None:
             check_sweep_directory(Path(sweep))
         return
-    run_dir = argument(args, "hydra.run.dir")
+    run_dir = value(args, "hydra.run.dir")
     if run_dir is not None:
-        check_run_directory(Path(run_dir), argument(args, "ckpt_path"))
+        check_run_directory(Path(run_dir), value(args, "ckpt_path"))
 
 
 def check_run_directory(run_dir: Path, checkpoint: str | None) -> None:
@@ -355,9 +354,9 @@ def check_launcher(args: list[str]) -> None:
     """Refuse the SLURM launcher where there is no SLURM (submitit looks for srun)."""
     import shutil
 
-    from attnlab.runner.resume import argument
+    from attnlab.runner.command_line import value
 
-    if argument(args, "hydra/launcher") == "slurm" and shutil.which("srun") is None:
+    if value(args, "hydra/launcher") == "slurm" and shutil.which("srun") is None:
         raise ConfigError(
             "hydra/launcher=slurm submits the sweep to SLURM, and this machine has no SLURM "
             "(no srun on its PATH): run the command on the cluster's login node, or run the "
@@ -369,24 +368,25 @@ def main() -> None:
     """A resumed run (`ckpt_path=...`, `run_dir=...`) is rebuilt from what it stored, ahead of
     the command line (`attnlab.runner.job`); `run_dir=<sweep dir>` finishes a sweep
     (`attnlab.runner.sweep_resume`); any other run is Hydra's app on the command line."""
+    from attnlab.runner import command_line
     from attnlab.runner.job import run_composed
     from attnlab.runner.preflight import check_setting_keys, usage
-    from attnlab.runner.resume import argument, check_restored, training_arguments
+    from attnlab.runner.resume import check_restored, training_arguments
     from attnlab.runner.sweep_resume import finish_sweep, is_sweep
 
     register_resolvers()
-    args = sys.argv[1:]
-    if any(arg in ("--help", "-h") for arg in args):  # Hydra's lists every group: 10 s or more
+    args = command_line.given()
+    if command_line.asks_help(args):  # Hydra's lists every group: 10 s or more
         print(usage("train"))
         return
     try:
-        run_dir = argument(args, "run_dir")
+        run_dir = command_line.value(args, "run_dir")
         if run_dir is not None and is_sweep(Path(run_dir)):
-            extra = [arg for arg in args if not arg.startswith("run_dir=")]
-            raise SystemExit(finish_sweep(Path(run_dir), extra))
+            raise SystemExit(finish_sweep(Path(run_dir), command_line.without(args, "run_dir")))
         resumed = training_arguments(args)
         if resumed is None:
-            args = sys.argv[1:] = check_setting_keys(args, "train")
+            args = check_setting_keys(args, "train")
+            command_line.hand_to_hydra(args)  # with ++ for the Trainer's unlisted arguments
         else:
             from_run = [arg for arg in resumed if arg not in args]
             resumed = check_setting_keys(resumed, "train", stored=from_run)

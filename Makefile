@@ -35,8 +35,9 @@ train: install ## a first look, about 30 s on 2 cores: the position probe withou
 	$(PY) train.py -m experiment=first_look hydra/launcher=joblib hydra.launcher.n_jobs=2
 
 # The tests marked slow start a process, train a model, or cover every combination of the
-# variants: `make test` leaves them out (about 3,500 tests run, 20,700 slow ones deselected);
-# `make test-all` runs every test, the slow ones included.
+# variants: `make test` leaves them out (about 3,600 tests run; the 20,700 slow cases of the
+# combinations are not even made, tests/conftest.py); `make test-all` runs every test, the
+# slow ones included.
 test: install ## the fast suite: every test but those marked slow (what CI runs)
 	$(PY) -m pytest -n $(WORKERS) -q -m "not slow"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+import helpers
 import pytest
 import torch
 from helpers import compose_config
@@ -21,6 +22,11 @@ settings.register_profile("attnlab", deadline=None)
 settings.load_profile("attnlab")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`make test` (-m "not slow") is not given the slow cases of helpers' parametrizations."""
+    helpers.SLOW_DESELECTED = config.option.markexpr.replace(" ", "") == "notslow"
 
 
 @pytest.fixture(autouse=True)

@@ -146,14 +146,28 @@ def small_variant(group: str, option: str) -> dict:
     return shrink(repeatable(group, option))
 
 
+# Set by conftest's pytest_configure where the session deselects the slow tests (`make test`:
+# -m "not slow"): the cases below are then not made at all, since making some 20,000
+# parametrized cases only to deselect them costs each worker seconds of its collection.
+SLOW_DESELECTED = False
+
+
+def unless_deselected(cases: list[Any]) -> list[Any]:
+    """`cases` (pytest.param), less those marked slow where the session deselects them."""
+    return [
+        case for case in cases
+        if not (SLOW_DESELECTED and any(mark.name == "slow" for mark in case.marks))
+    ]  # fmt: skip
+
+
 def first_then_slow(cases: list[Any], ids: list[str] | None = None) -> list[Any]:
     """Parametrize cases that each start a process: the first runs in `make test`, the rest
     are marked slow (`make test-all`)."""
-    return [
+    return unless_deselected([
         pytest.param(*(case if isinstance(case, tuple) else (case,)), id=ids[i] if ids else None,
                      marks=[pytest.mark.slow] if i else [])
         for i, case in enumerate(cases)
-    ]  # fmt: skip
+    ])  # fmt: skip
 
 
 def pairwise_cover(groups: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
@@ -197,10 +211,12 @@ def every_combination(*groups: Sequence[Any], strength: int = 2) -> list[Any]:
         cover = {tuple(group[i % len(group)] for group in groups) for i in range(n)}
     else:
         cover = set(pairwise_cover(groups))
-    return [
-        pytest.param(*case, marks=[] if case in cover else [pytest.mark.slow])
-        for case in itertools.product(*groups)
-    ]
+    return unless_deselected(
+        [
+            pytest.param(*case, marks=[] if case in cover else [pytest.mark.slow])
+            for case in itertools.product(*groups)
+        ]
+    )
 
 
 def refused_unless(

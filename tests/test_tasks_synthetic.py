@@ -4,6 +4,7 @@ input), their lengths and vocabularies, their determinism, and the options they 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -59,10 +60,15 @@ VARIANTS = {
     ),
     "passkey_fixed": ("passkey", {"key_digits": 3, "filler_tokens": 2, "depth": 0.25}),
 }  # fmt: skip
-TASKS = {  # every task at its defaults, and the variants
-    **{task: generator(task) for task in synthetic_tasks()},
-    **{name: generator(task, **options) for name, (task, options) in VARIANTS.items()},
-}
+TASKS = [*synthetic_tasks(), *VARIANTS]  # every task at its defaults, and the variants
+
+
+@functools.cache
+def task_named(name: str) -> Generator:
+    """The generator of TASKS' `name`, made when a test first asks (its config composed then,
+    not while the tests are collected)."""
+    task, options = VARIANTS.get(name, (name, {}))
+    return generator(task, **options)
 
 
 def solve_copy(task, length, tokens):
@@ -144,7 +150,7 @@ SOLVE = {
 
 @pytest.mark.parametrize("name", TASKS)
 def test_every_task_has_an_independent_solver(name):
-    assert type(TASKS[name]) in SOLVE, (
+    assert type(task_named(name)) in SOLVE, (
         f"{name}: add a function computing its answer from the input another way to SOLVE"
     )
 
@@ -153,7 +159,7 @@ def test_every_task_has_an_independent_solver(name):
 @settings(max_examples=30, deadline=None)
 @given(extra=st.integers(0, 60), seed=st.integers(0, 2**32))
 def test_examples_carry_the_independently_computed_answer(name, extra, seed):
-    task = TASKS[name]
+    task = task_named(name)
     length = task.min_length + extra
     tokens, answer, given = Example(*task.example(length, Random(seed)))
     assert given is None and answer == SOLVE[type(task)](task, length, tokens)
@@ -162,7 +168,7 @@ def test_examples_carry_the_independently_computed_answer(name, extra, seed):
 
 @pytest.mark.parametrize("name", TASKS)
 def test_a_seed_fixes_the_examples_and_another_seed_changes_them(name):
-    task = TASKS[name]
+    task = task_named(name)
     length = task.min_length + 20
 
     def draw(seed):
@@ -181,8 +187,8 @@ GOLDEN = json.loads((Path(__file__).parent / "data" / "synthetic_golden.json").r
 
 @pytest.mark.parametrize("name", TASKS)
 def test_seed_0_still_draws_the_recorded_example(name):
-    golden = GOLDEN.get(name, {"length": TASKS[name].min_length + 5})
-    drawn = Example(*TASKS[name].example(golden["length"], Random(0)))
+    golden = GOLDEN.get(name, {"length": task_named(name).min_length + 5})
+    drawn = Example(*task_named(name).example(golden["length"], Random(0)))
     assert name in GOLDEN, (
         f"tests/data/synthetic_golden.json has no {name}: check this example by hand and add "
         f'"{name}": {json.dumps({"length": golden["length"], "input": drawn.input, "output": drawn.output})}'
@@ -193,7 +199,7 @@ def test_seed_0_still_draws_the_recorded_example(name):
 @pytest.mark.parametrize("name", TASKS)
 @pytest.mark.parametrize("shift", [-1, 0.5])
 def test_lengths_below_the_minimum_or_fractional_are_refused(name, shift):
-    task = TASKS[name]
+    task = task_named(name)
     with pytest.raises(ConfigError, match="length"):
         task.example(task.min_length + shift, Random(0))
 

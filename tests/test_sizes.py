@@ -1,26 +1,33 @@
 """A size that cannot fit is refused in one sentence before anything is allocated: the
-network's parameters are estimated from networks of one and two layers on the meta device
-and checked against the memory this machine has free, for training (train.py) and for a
-model read back (an export's or a checkpoint's config)."""
+network's parameters are counted on one network built on the meta device, each stack only
+as deep as it must be to hold every kind of layer the full one has, and checked against
+the memory this machine has free, for training (train.py) and for a model read back (an
+export's or a checkpoint's config). That meta network is also the run's check of its
+variants: before training, each variant is built once on the meta device and once for real."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
 from helpers import ROOT
 from test_export import exported  # noqa: F401  (a fixture)
+from torch import nn
 
 from attnlab.commands.cli import main
+from attnlab.config.options import options, variant
 from attnlab.errors import ConfigError
-from attnlab.memory import estimated_parameters
-from attnlab.model.architecture import Architecture
-from attnlab.runner.plan import Plan, build_datamodule
+from attnlab.memory import meta_network, parameters_of
+from attnlab.model.architecture import Architecture, AttentionConfig, ModelConfig
+from attnlab.model.transformer import Tagger
+from attnlab.pe.sinusoidal import SinusoidalPE
+from attnlab.runner.plan import Plan, build_datamodule, build_system
 from attnlab.stored import CONFIG
-from attnlab.tasks.probe.system import TaggerSystem
+from attnlab.systems import base
 
 OVERSIZED = [  # (overrides, what the sentence names)
     (["model.d_model=32768"], r"model\.d_model=32768, .* make [\d,]+ parameters, and training"),
@@ -39,15 +46,114 @@ def test_a_network_too_large_to_train_is_one_sentence_before_any_allocation(
         Plan.from_config(make_config(overrides))
 
 
-@pytest.mark.parametrize("overrides", [[], ["model=tiny", "model.n_layers=5"], ["pe=learned"]])
-def test_the_estimate_is_the_count_of_the_network_built(overrides, make_config):
-    architecture = make_config(overrides)  # the probe's tagger
-    arguments = {"vocab_size": 8, "num_classes": 8, "causal": False}
-    estimated = estimated_parameters(
-        lambda arch: TaggerSystem.network(arch, **arguments), Architecture.from_config(architecture)
+def planned_network(
+    config, monkeypatch
+) -> tuple[Callable[[Architecture], nn.Module], Architecture]:
+    """The network a run of `config` is planned with (what `System.check_network` checks,
+    with its stand-in vocabulary) and its architecture."""
+    seen = []
+    monkeypatch.setattr(base, "check_fits", lambda network, arch, _: seen.append((network, arch)))
+    Plan.from_config(config)
+    return seen[0]
+
+
+def count_of_full_build(network: Callable[[Architecture], nn.Module], arch: Architecture) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in network(arch).parameters())
+
+
+# a schedule of three kinds of later layers, one with an encoding of its own (shaw's tables
+# are one a layer of the stack, whichever layers use them)
+SCHEDULED_SHAW = ["pe=rope", "schedule=rnope_swa", "+pe@model.schedule.encodings.rel=shaw",
+                  "model.schedule.pattern=[{pe: pe}, {pe: rel, window: 4}, {pe: nope}]",
+                  "model.n_layers=7"]  # fmt: skip
+COUNTED = [
+    [],
+    ["model=tiny", "model.n_layers=5"],
+    ["model.n_layers=1"],
+    ["pe=learned"],
+    ["task=lm", "pe=learned", "model.tie_embeddings=false"],
+    ["block=gau", "model.n_layers=4"],
+    ["model=gau"],  # norm=relu2, 6 layers
+    ["pe=shaw", "norm=differential", "synthesizer=mixture", "model.n_layers=4"],  # per layer
+    ["pe=rope", "schedule=nope_every_4", "model.n_layers=9"],
+    SCHEDULED_SHAW,
+    ["task=multi30k", "model.n_layers=4", "model.n_decoder_layers=3"],  # one shared embedding
+    ["task=multi30k", "block=gau", "pe=t5", "model.n_decoder_layers=5"],
+    ["task=multi30k", "pe=rope", "schedule=irope", "model.n_layers=6"],
+]
+
+
+@pytest.mark.parametrize("overrides", COUNTED, ids=" ".join)
+def test_the_count_is_that_of_the_network_built(overrides, make_config, monkeypatch):
+    network, architecture = planned_network(make_config(overrides), monkeypatch)
+    counted = parameters_of(meta_network(network, architecture), architecture.model)
+    assert counted == count_of_full_build(network, architecture)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "encodings"),
+    [
+        (["model.n_layers=12"], ["SinusoidalPE"] * 2),  # the first layer and a repeated one
+        (["pe=rope", "schedule=nope_every_4", "model.n_layers=12"], ["RoPE"] * 3 + ["NoPE"]),
+        (["pe=rope", "schedule=nope_every_4", "model.n_layers=3"], ["RoPE"] * 2),
+        (SCHEDULED_SHAW, ["RoPE", "ShawPE", "NoPE", "RoPE"]),
+    ],
+)
+def test_the_meta_network_holds_every_kind_of_layer_at_the_fewest_layers(
+    overrides, encodings, make_config, monkeypatch
+):
+    network, architecture = planned_network(make_config(overrides), monkeypatch)
+    [(stack, _)] = meta_network(network, architecture).stacks(architecture.model)
+    assert [type(parts.pe).__name__ for parts in stack.layer_parts] == encodings
+
+
+@pytest.mark.parametrize(
+    ("group", "option"),
+    [(group, option) for group in ("pe", "norm", "synthesizer") for option in options(group)],
+)
+def test_every_variants_parameters_for_each_layer_are_counted(group, option):
+    nodes = {"pe": variant("pe", "none"), "norm": variant("norm", "softmax"),
+             "synthesizer": variant("synthesizer", "dot"), group: variant(group, option)}  # fmt: skip
+    model = ModelConfig.from_config(
+        {**variant("model", "tiny"), "n_layers": 5}, variant("block", "standard")
     )
-    built = TaggerSystem.network(Architecture.from_config(architecture), **arguments)
-    assert estimated == sum(p.numel() for p in built.parameters())
+    architecture = Architecture(model, AttentionConfig(**nodes), {})
+
+    def network(arch: Architecture) -> nn.Module:
+        return Tagger(arch.model, arch.attention, 8, 8, causal=True)
+
+    counted = parameters_of(meta_network(network, architecture), model)
+    assert counted == count_of_full_build(network, architecture)
+
+
+def test_a_parameter_the_layers_share_is_counted_once(make_config):
+    architecture = Architecture.from_config(make_config(["model=tiny", "model.n_layers=5"]))
+
+    def tied(arch: Architecture) -> nn.Module:
+        net = Tagger(arch.model, arch.attention, 8, 8, causal=False)
+        for block in net.stack.blocks:
+            block.ff_in.weight = net.stack.blocks[0].ff_in.weight
+        return net
+
+    counted = parameters_of(meta_network(tied, architecture), architecture.model)
+    assert counted == count_of_full_build(tied, architecture)
+
+
+def test_a_run_builds_each_variant_once_on_the_meta_device_and_once_for_real(
+    make_config, monkeypatch
+):
+    devices = []
+    init = SinusoidalPE.__init__
+
+    def counted(self, *args, **kwargs):
+        devices.append(torch.get_default_device().type)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(SinusoidalPE, "__init__", counted)
+    config = make_config([])  # pe=sinusoidal
+    build_system(Plan.from_config(config), build_datamodule(config))
+    assert devices == ["meta", "cpu"]
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,15 @@
-"""What a setting will allocate, estimated before anything is: a network's parameters (from
-networks of one and two layers built on the meta device), checked against the memory this
-machine has free, so that a size that cannot fit is one sentence, not minutes of swapping
-or the allocator's traceback.
+"""What a setting will allocate, counted before anything is: a network's parameters, checked
+against the memory this machine has free, so that a size that cannot fit is one sentence,
+not minutes of swapping or the allocator's traceback.
+
+The parameters are counted on one network built on the meta device (no memory, no values),
+each stack only as deep as it must be to hold one layer of every kind the full stack has
+(`attnlab.model.transformer.depth_of_every_kind`: the first layer and a repeated one, or one
+of each layer a schedule makes): its parameters once, and each of the full stack's layers as
+the built layer of its kind (`Stack.added_parameters`). The count is the full network's,
+however deep it is, at a few layers' cost: a full meta build costs about 8 ms a layer, so
+model.n_layers=100000000 would never finish. The same network is a system's check of its
+variants before any data is read (`System.check_network`).
 
 Data sets made in memory say what they will hold the same way (`check_free`).
 
@@ -26,13 +34,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from attnlab.errors import ConfigError
-from attnlab.model.architecture import Architecture
+from attnlab.model.architecture import Architecture, ModelConfig
+from attnlab.model.transformer import depth_of_every_kind
 
 if TYPE_CHECKING:
-    from attnlab.model.transformer import DecoderLM
+    from attnlab.model.transformer import DecoderLM, Network
 
 TRAINING_BYTES = 16  # weights, gradients, AdamW's exp_avg and exp_avg_sq, fp32 each
 EVALUATION_BYTES = 4  # the weights
@@ -59,37 +67,41 @@ def sizes(architecture: Architecture) -> str:
     return f"model.d_model={model.d_model}, model.d_ff={model.d_ff}, {layers}"
 
 
-def parameters_of(network: Callable[[Architecture], nn.Module], architecture: Architecture) -> int:
-    """The parameters of `network(architecture)` built on the meta device (no memory)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in network(architecture).parameters())
-
-
-def estimated_parameters(
-    network: Callable[[Architecture], nn.Module], architecture: Architecture
-) -> int:
-    """The parameters of `network(architecture)`, from the same network with one and with two
-    layers (each stack's layer costs the difference; parameters that layers share, once)."""
+def shallow(architecture: Architecture) -> Architecture:
+    """The architecture with each stack only as deep as it must be to hold every kind of
+    layer of the full one (`depth_of_every_kind`)."""
     model = architecture.model
+    schedule = model.layer_schedule
+    decoder = model.n_decoder_layers
+    shallower = replace(
+        model,
+        n_layers=depth_of_every_kind(schedule, model.n_layers),
+        n_decoder_layers=None if decoder is None else depth_of_every_kind(schedule, decoder),
+    )
+    return replace(architecture, model=shallower)
 
-    def count(encoder: int, decoder: int | None) -> int:
-        shrunk = replace(model, n_layers=encoder, n_decoder_layers=decoder)
-        try:
-            return parameters_of(network, replace(architecture, model=shrunk))
-        except RuntimeError as error:  # a size whose bytes overflow 64 bits
-            if "overflow" not in str(error):
-                raise
-            raise ConfigError(
-                f"{sizes(architecture)} make tensors larger than any machine can index: "
-                "lower model.d_model or model.d_ff"
-            ) from None
 
-    if model.n_decoder_layers is None:  # one count of layers for every stack
-        one = count(1, None)
-        return one + (model.n_layers - 1) * (count(2, None) - one)
-    one = count(1, 1)
-    encoder, decoder = count(2, 1) - one, count(1, 2) - one
-    return one + (model.n_layers - 1) * encoder + (model.n_decoder_layers - 1) * decoder
+def meta_network(network: Callable[[Architecture], Network], architecture: Architecture) -> Network:
+    """`network` of the `shallow` architecture built on the meta device: every variant is
+    built against its stack's shape, and refuses a bad setting; one sentence where the
+    sizes make tensors no machine can index."""
+    try:
+        with torch.device("meta"):
+            return network(shallow(architecture))
+    except RuntimeError as error:  # a size whose bytes overflow 64 bits
+        if "overflow" not in str(error):
+            raise
+        raise ConfigError(
+            f"{sizes(architecture)} make tensors larger than any machine can index: "
+            "lower model.d_model or model.d_ff"
+        ) from None
+
+
+def parameters_of(net: Network, model: ModelConfig) -> int:
+    """The parameters of `net` (a `meta_network`) at the depths `model` gives its stacks:
+    its own, each once, and what each stack would hold beyond them."""
+    own = sum(p.numel() for p in net.parameters())
+    return own + sum(stack.added_parameters(depth) for stack, depth in net.stacks(model))
 
 
 def check_free(needed: int, what: str, fix: str) -> None:
@@ -104,13 +116,14 @@ def check_free(needed: int, what: str, fix: str) -> None:
 
 
 def check_fits(
-    network: Callable[[Architecture], nn.Module],
+    network: Callable[[Architecture], Network],
     architecture: Architecture,
     bytes_per_parameter: int,
 ) -> None:
-    """A ConfigError naming the sizes, when the network's parameters alone need more memory
+    """Build `network` once on the meta device (`meta_network`, its variants' checks); a
+    ConfigError naming the sizes, when the full network's parameters alone need more memory
     than this machine has free."""
-    parameters = estimated_parameters(network, architecture)
+    parameters = parameters_of(meta_network(network, architecture), architecture.model)
     use = "training" if bytes_per_parameter == TRAINING_BYTES else "evaluating"
     check_free(
         parameters * bytes_per_parameter,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import nn
+
 from attnlab.errors import ConfigError
 
 
@@ -12,7 +14,8 @@ class StackShape:
     """Sizes of one attention stack; variants size their parameters from it.
 
     One PE, normalizer and synthesizer object serves every layer of a stack: parameters a
-    paper shares across layers live once, per-layer ones are indexed by `layer`.
+    paper shares across layers live once, per-layer ones are indexed by `layer` and named
+    in the class's `per_layer` (`per_layer_parameters`).
     """
 
     d_model: int
@@ -36,3 +39,19 @@ def check_causal_only(variant: object, shape: StackShape, otherwise: str) -> Non
             f"{type(variant).__name__} works in causal self-attention only ({reason}), not in "
             f"{where}: use a decoder-only model (task.causal=true for the probe), {otherwise}"
         )
+
+
+def per_layer_parameters(module: nn.Module) -> int:
+    """The parameters that `module` and the modules inside it hold for each layer of their
+    stack, all layers' together: those of the attributes each module's class names in its
+    `per_layer` (a list with an entry a layer, or a tensor whose first dimension is the
+    layer; None where a term is off; a buffer holds none), each parameter once."""
+    held: dict[int, int] = {}
+    for inner in module.modules():
+        for name in getattr(inner, "per_layer", ()):
+            value = getattr(inner, name)
+            if isinstance(value, nn.Module):
+                held.update((id(p), p.numel()) for p in value.parameters())
+            elif isinstance(value, nn.Parameter):
+                held[id(value)] = value.numel()
+    return sum(held.values())

@@ -10,7 +10,10 @@ attention + FFN (`attnlab.model.standard`) or the gated attention unit (`attnlab
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +27,7 @@ from attnlab.model.architecture import AttentionConfig, ModelConfig
 from attnlab.model.block import LayerCache, StackInputs
 from attnlab.model.schedule import RUN_PE, LayerPlan, Schedule
 from attnlab.pe.base import PositionalEncoding
-from attnlab.shape import StackShape
+from attnlab.shape import StackShape, per_layer_parameters
 from attnlab.tensors import linear
 
 
@@ -81,6 +84,41 @@ def check_length(parts: AttentionParts, length: int, where: str) -> None:
             )
 
 
+class LayerKind(NamedTuple):
+    """What sets a layer of a stack apart from the others: being the first, and its plan
+    (encoding and span). Layers of one kind hold parameters of the same sizes."""
+
+    first: bool
+    plan: LayerPlan
+
+
+class KindCount(NamedTuple):
+    """Where a kind of layer first comes in a stack, and how many of its layers are of it."""
+
+    first_layer: int
+    layers: int
+
+
+def layer_kinds(schedule: Schedule | None, n_layers: int) -> dict[LayerKind, KindCount]:
+    """Each kind of layer a stack of n_layers has, in the order they first come. After the
+    first layer the plans repeat every len(pattern) layers, so the first len(pattern) + 1
+    layers hold every kind, and each of them stands for every len(pattern)-th layer after
+    it: a count in O(len(pattern)) steps, however deep the stack."""
+    period = 1 if schedule is None else len(schedule.pattern)
+    kinds: dict[LayerKind, KindCount] = {}
+    for i in range(min(n_layers, period + 1)):
+        kind = LayerKind(i == 0, LayerPlan() if schedule is None else schedule.at(i))
+        first, layers = kinds.get(kind, KindCount(i, 0))
+        kinds[kind] = KindCount(first, layers + (1 if i == 0 else len(range(i, n_layers, period))))
+    return kinds
+
+
+def depth_of_every_kind(schedule: Schedule | None, n_layers: int) -> int:
+    """The fewest first layers of a stack of n_layers that hold one of each kind of its
+    layers (2 for a plain stack of two or more: the first and a repeated one)."""
+    return 1 + max(first for first, _ in layer_kinds(schedule, n_layers).values())
+
+
 class Stack(nn.Module):
     """N blocks sharing one positional encoding, normalizer and synthesizer."""
 
@@ -98,7 +136,7 @@ class Stack(nn.Module):
         self.parts = AttentionParts.from_config(
             attention.pe, attention.norm, attention.synthesizer, shape
         )
-        schedule = cfg.layer_schedule
+        schedule = self.schedule = cfg.layer_schedule
         self.plans = [LayerPlan() if schedule is None else schedule.at(i) for i in range(n_layers)]
         self.encodings = nn.ModuleDict()
         by_name = {RUN_PE: self.parts}  # AttentionParts over the shared norm and synthesizer
@@ -134,6 +172,36 @@ class Stack(nn.Module):
             for name, module in encoder.named_modules()
             if isinstance(module, PositionalEncoding)
             and type(module).begin is not PositionalEncoding.begin
+        ]
+
+    def added_parameters(self, n_layers: int) -> int:
+        """The parameters a stack of n_layers layers, of this one's options, holds beyond
+        this one's, which holds every kind of layer it would (`depth_of_every_kind`): each
+        layer's own as many more times as it has more layers of its kind, and the parts'
+        entries for each layer (`per_layer_parameters`) as many more times as it has more
+        layers. A parameter a layer shares with any other module of the stack is no layer's
+        own: counted once, as `parameters()` counts it."""
+        built = layer_kinds(self.schedule, self.n_layers)
+        own = self.own_parameters()
+        more = sum(
+            (count.layers - built[kind].layers) * own[built[kind].first_layer]
+            for kind, count in layer_kinds(self.schedule, n_layers).items()
+        )
+        each = sum(per_layer_parameters(module) for module in self.beside_layers()) // self.n_layers
+        return more + (n_layers - self.n_layers) * each
+
+    def beside_layers(self) -> list[nn.Module]:
+        """The stack's modules other than its layers: its parts, a schedule's encodings,
+        cross-attention's parts, the final norm."""
+        return [module for name, module in self.named_children() if name != "blocks"]
+
+    def own_parameters(self) -> list[int]:
+        """Each layer's parameters that no other module of the stack holds."""
+        beside = {id(p) for module in self.beside_layers() for p in module.parameters()}
+        held = Counter(id(p) for block in self.blocks for p in block.parameters())
+        return [
+            sum(p.numel() for p in block.parameters() if held[id(p)] == 1 and id(p) not in beside)
+            for block in self.blocks
         ]
 
     def check_length(self, length: int, memory_length: int | None = None) -> None:
@@ -226,6 +294,16 @@ def scheduled_encodings(
     return built
 
 
+class Network(Protocol):
+    """What a system's network tells about itself before it is built at full depth: its
+    stacks, each with the layers a config gives it (attnlab.memory counts a network built
+    with fewer)."""
+
+    def stacks(self, cfg: ModelConfig) -> list[tuple[Stack, int]]: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+
 class TokenEmbedding(nn.Module):
     """Token embeddings, N(0, 1/d)·√d as in Vaswani et al. or N(0, init_std²) unscaled."""
 
@@ -257,6 +335,9 @@ class Tagger(nn.Module):
         self.stack = Stack(cfg, attention, cfg.n_layers, causal=causal)
         self.head = linear(cfg.d_model, num_classes, True, cfg.init_std)
 
+    def stacks(self, cfg: ModelConfig) -> list[tuple[Stack, int]]:
+        return [(self.stack, cfg.n_layers)]
+
     def hidden(self, tokens: Tensor, padding: Tensor | None) -> Tensor:
         return self.stack(self.embed(tokens), padding)
 
@@ -275,6 +356,9 @@ class DecoderLM(nn.Module):
         self.output = (
             None if cfg.tie_embeddings else linear(cfg.d_model, vocab_size, False, cfg.init_std)
         )
+
+    def stacks(self, cfg: ModelConfig) -> list[tuple[Stack, int]]:
+        return [(self.stack, cfg.n_layers)]
 
     def forward(self, tokens: Tensor, cache: StackCache | None = None) -> Tensor:
         """Logits [B, T, V] of the token after each of tokens [B, T] (the new ones only when
@@ -320,6 +404,9 @@ class EncoderDecoder(nn.Module):
         self.output = (
             None if cfg.tie_embeddings else linear(cfg.d_model, tgt_vocab_size, False, cfg.init_std)
         )
+
+    def stacks(self, cfg: ModelConfig) -> list[tuple[Stack, int]]:
+        return [(self.encoder, cfg.n_layers), (self.decoder, cfg.decoder_layers)]
 
     def encode(self, src: Tensor, src_padding: Tensor) -> Tensor:
         return self.encoder(self.src_embed(src), src_padding)

@@ -50,6 +50,8 @@ class Normalizer(nn.Module):
     reads_order = False  # the weights depend on the keys' order: a positional mechanism itself
     causal_only: str | None = None  # why it is defined for causal self-attention only
     carries_state = False  # query i's weights read earlier queries' scores (`adjust`)
+    # attributes holding an entry for each layer of the stack (attnlab.shape.per_layer_parameters)
+    per_layer: tuple[str, ...] = ()
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()
@@ -104,6 +106,8 @@ class RunningState:
 class LayerHeads(nn.Module):
     """One number per layer and head, learned or fixed, read as [H, 1, 1] for the scores
     [B, H, Lq, Lk] of one layer."""
+
+    per_layer = ("values",)
 
     def __init__(self, shape: StackShape, initial: float, learned: bool) -> None:
         super().__init__()

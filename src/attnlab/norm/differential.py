@@ -70,6 +70,7 @@ class Differential(Normalizer):
     fixed_row_sums = True
     acts_on_output = True
     paired_heads = "each pair subtracts one softmax map from the other"
+    per_layer = ("layers",)
 
     def __init__(self, shape: StackShape, lambda_std: float, gain: bool, eps: float) -> None:
         super().__init__(shape)

@@ -65,6 +65,8 @@ class PositionalEncoding(nn.Module):
     data_width = 0  # channels a head that data_term reads, projected from the layer's input
     # options that change no weight, so eval.py and generate may set them on a trained model
     evaluation_options: tuple[str, ...] = ()
+    # attributes holding an entry for each layer of the stack (attnlab.shape.per_layer_parameters)
+    per_layer: tuple[str, ...] = ()
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()

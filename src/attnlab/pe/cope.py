@@ -84,6 +84,7 @@ class CoPE(PositionalEncoding):
     needs_query = True
     needs_key = True
     causal_only = "a position counts the gated keys from the key up to the query"
+    per_layer = ("tables",)
 
     def __init__(self, shape: StackShape, max_pos: int) -> None:
         super().__init__(shape)

@@ -85,6 +85,7 @@ def parse_terms(pos_att_type: str | Sequence[str]) -> tuple[str, ...]:
 
 class DeBERTa(PositionalEncoding):
     adds_score_terms = True
+    per_layer = ("pos_key_proj", "pos_query_proj")
 
     def __init__(
         self,

@@ -51,6 +51,7 @@ class ShawPE(PositionalEncoding):
     adds_score_terms = True
     needs_query = True
     flex = True
+    per_layer = ("w_k", "w_v")
 
     def __init__(self, shape: StackShape, max_relative_position: int, value_term: bool) -> None:
         super().__init__(shape)

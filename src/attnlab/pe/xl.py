@@ -66,6 +66,7 @@ class TransformerXLPE(PositionalEncoding):
     adds_score_terms = True
     needs_query = True
     needs_key = True
+    per_layer = ("w_r",)
 
     def __init__(self, shape: StackShape, clamp_len: int | None, init_std: float) -> None:
         super().__init__(shape)

@@ -22,8 +22,11 @@ from attnlab.systems.optim import Optim
 @dataclass(frozen=True)
 class Plan:
     """What a training run's system is built from, made of the composed config once and
-    checked before any data is read: the network built on the meta device (every variant
-    against its stack's shape), the optimizer and decoding settings."""
+    checked before any data is read: the network built once on the meta device, each stack
+    only as deep as it must be to hold every kind of layer the full one has (every variant
+    against its stack's shape; the full network's parameters counted from it against the
+    memory free: `System.check_network`), the optimizer and decoding settings. `build_system`
+    then builds the network for real, once: each variant is built twice before training."""
 
     config: dict[str, Any]  # the whole config, resolved, as plain data
     system_class: type[System]

@@ -42,6 +42,8 @@ class Synthesizer(nn.Module):
     # The synthesis is the scaled dot product alone (dot 1, no logits), so the core may let
     # F.scaled_dot_product_attention compute it from q, k and v without forming the scores.
     plain_dot = False
+    # attributes holding an entry for each layer of the stack (attnlab.shape.per_layer_parameters)
+    per_layer: tuple[str, ...] = ()
 
     def __init__(self, shape: StackShape) -> None:
         super().__init__()

@@ -29,6 +29,8 @@ from attnlab.synthesizer.base import Synthesis, Synthesizer, glorot_uniform, req
 class TokenMLP(nn.Module):
     """F(X_i) = W₂ σ_R(W₁ X_i + b₁) + b₂ ∈ R^out_dim per token, head and layer."""
 
+    per_layer = ("w1", "b1", "w2", "b2")
+
     def __init__(
         self, shape: StackShape, out_dim: int, hidden_dim: int, shared_output: bool
     ) -> None:

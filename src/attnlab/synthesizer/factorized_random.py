@@ -27,6 +27,7 @@ from attnlab.synthesizer.base import Synthesis, Synthesizer, glorot_uniform, req
 
 class FactorizedRandom(Synthesizer):
     key_positions = query_positions = True
+    per_layer = ("r1", "r2")
 
     def __init__(self, shape: StackShape, max_len: int, k: int) -> None:
         super().__init__(shape)

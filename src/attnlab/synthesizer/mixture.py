@@ -54,6 +54,8 @@ def build_component(node: Any, index: int, shape: StackShape) -> Synthesizer:
 
 
 class Mixture(Synthesizer):
+    per_layer = ("w",)  # its components name their own
+
     def __init__(self, shape: StackShape, components: Sequence[Mapping[str, Any]]) -> None:
         super().__init__(shape)
         if not components:

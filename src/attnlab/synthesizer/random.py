@@ -34,6 +34,7 @@ from attnlab.synthesizer.base import (
 
 class Random(Synthesizer):
     key_positions = query_positions = True  # a learned or fixed table over (i, j)
+    per_layer = ("r",)
 
     def __init__(self, shape: StackShape, max_len: int, trainable: bool) -> None:
         super().__init__(shape)

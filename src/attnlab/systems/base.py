@@ -11,7 +11,6 @@ from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import lightning as L
-import torch
 from torch import Tensor, nn
 
 from attnlab.config.build import check_options
@@ -112,18 +111,18 @@ class System(L.LightningModule):
 
     @classmethod
     def check_network(cls, architecture: Architecture, settings: Mapping[str, Any]) -> None:
-        """Build the network on the meta device (no memory, no values) with a stand-in
-        vocabulary and the task's `settings`: every variant is built against the shape of
-        the stack it sits in, and refuses a bad setting, before any data is read; a network
-        whose parameters cannot be trained in this machine's memory is refused first."""
+        """Build the network once on the meta device (no memory, no values) with a stand-in
+        vocabulary and the task's `settings`, each stack only as deep as it must be to hold
+        every kind of layer the full one has (`attnlab.memory.meta_network`): every variant
+        is built against the shape of the stack it sits in, and refuses a bad setting,
+        before any data is read; then a network whose parameters, counted at full depth,
+        cannot be trained in this machine's memory is refused."""
         accepted = inspect.signature(cls).parameters
         check_options(f"{cls.__module__}.{cls.__name__}", cls, settings, ("architecture", "optim"))
         stand_in = {k: v for k, v in STAND_IN.items() if k in accepted}
         bound = inspect.signature(cls).bind_partial(**(stand_in | settings))
         bound.apply_defaults()
         check_fits(lambda arch: cls.network(arch, **bound.arguments), architecture, TRAINING_BYTES)
-        with torch.device("meta"):
-            cls.network(architecture, **bound.arguments)
 
     def configure_model(self) -> None:
         """With model.compile, torch.compile the network's forward in place (parameter

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,6 +25,7 @@ from attnlab.logger.rows import logged_step
 from attnlab.status import RunStatus
 
 T = TypeVar("T", list, dict)
+CONFIG = object()  # Run.read's key of the config itself
 
 BY_POSITION = re.compile(r"(?P<stage>\w+)/acc_pos/(?P<position>\d+)")
 Series = list[tuple[int, float]]  # (step, value)
@@ -38,15 +39,34 @@ class Run:
     path: Path
     name: str  # the path relative to the compared directory
     overrides: dict[str, str]  # key -> value of each command-line override
-    config: DictConfig
+    saved: dict  # .hydra/config.yaml as data, nothing in it resolved
     metrics: dict[str, Series]  # numbers only: NaN is left out
     status: RunStatus | None
     nan: frozenset[str] = frozenset()  # metrics whose last logged value is NaN
     damaged: str = ""  # what of its files cannot be read (a sentence); "" when all can
 
+    # what has been read of `saved`: its config, and each value selected in it; shared by the
+    # copies dataclasses.replace makes of the run (with other overrides or another name)
+    read: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def config(self) -> DictConfig:
+        """The saved config, its resolver calls text (`literal_config`), made once."""
+        if CONFIG not in self.read:
+            self.read[CONFIG] = literal_config(self.saved)
+        return self.read[CONFIG]
+
+    def selected(self, key: str) -> object:
+        """The config's value at `key` (None if absent), selected once."""
+        if key not in self.read:
+            self.read[key] = OmegaConf.select(
+                self.config, key, default=None, throw_on_resolution_failure=False
+            )
+        return self.read[key]
+
     def setting(self, key: str) -> str | None:
         """A config value, e.g. "optimized_metric" or "task.metric_mode" (None if absent)."""
-        value = OmegaConf.select(self.config, key, default=None, throw_on_resolution_failure=False)
+        value = self.selected(key)
         return None if value is None else as_text(value)
 
     def value(self, key: str) -> str:
@@ -54,7 +74,7 @@ class Run:
         group's name, so that a run left at the default norm reads `softmax`), else ""."""
         if key in self.overrides:
             return as_text(self.overrides[key])
-        node = OmegaConf.select(self.config, key, default=None, throw_on_resolution_failure=False)
+        node = self.selected(key)
         found = self.setting(f"{key}.name") if isinstance(node, DictConfig) else self.setting(key)
         return found or ""
 
@@ -73,7 +93,7 @@ class Run:
     @property
     def fast_dev_run(self) -> bool:
         """A check that the configuration runs (debug=fast), not training."""
-        return bool(OmegaConf.select(self.config, "trainer.fast_dev_run", default=False))
+        return bool(self.selected("trainer.fast_dev_run") or False)
 
     @property
     def trained(self) -> bool:
@@ -259,7 +279,7 @@ def read_run(run_dir: Path, root: Path) -> Run:
             for key, value in map(parse_override, map(str, overrides))
             if not HOW_STARTED.fullmatch(key)
         },
-        config=literal_config(load_yaml(hydra_dir / "config.yaml", dict)),
+        saved=load_yaml(hydra_dir / "config.yaml", dict),
         metrics=numbers(logged),
         status=status.read(run_dir),
         nan=ending_in_nan(logged),

@@ -20,8 +20,9 @@ register_resolvers()  # what train.py and eval.py do before Hydra composes
 # in benchmarks, never in tests)
 settings.register_profile("attnlab", deadline=None)
 settings.load_profile("attnlab")
-if os.environ.get("PYTEST_XDIST_WORKER"):
+if os.environ.get("PYTEST_XDIST_WORKER"):  # a core a worker, and for the processes it starts
     torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"  # a child with a thread a core would share the other's
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -87,12 +87,13 @@ def batches(lengths: list[int], budget: int) -> Iterator[list[int]]:
 
 
 def translate(args: list[str]) -> int:
-    """Translate what `args` ask for; the number of lines translated."""
-    from attnlab.tasks.seq2seq.system import Seq2SeqSystem
-
+    """Translate what `args` ask for; the number of lines translated. The settings are
+    checked before Lightning is imported, so that a refusal comes at once."""
     settings, decode = requested(args, "translate")
     if "input" not in settings:
         raise ConfigError("translate needs text: pass input=<file, or - for standard input>")
+    from attnlab.tasks.seq2seq.system import Seq2SeqSystem
+
     max_tokens = settings.get("max_tokens", DEFAULT_MAX_TOKENS)
 
     def is_translation(task: dict[str, Any]) -> bool:

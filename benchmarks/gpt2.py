@@ -192,8 +192,9 @@ def smoke_run() -> list[str]:
 
 
 def fsdp_rows(smoke: bool) -> list[str]:
-    """train.py at GPT-2 small on a generated 16 MB corpus, 20 steps, unsharded and under
-    trainer=fsdp on one GPU, from the same seed: the validation loss and the step rate."""
+    """train.py at GPT-2 small on a generated 16 MB corpus (1 MB in smoke mode), 20 steps,
+    unsharded and under trainer=fsdp on one GPU, from the same seed: the validation loss and
+    the step rate."""
     legs = {"trainer=cpu": ["trainer=cpu"]} if smoke else {
         "trainer=gpu": ["trainer=gpu"], "trainer=fsdp": ["trainer=fsdp", "trainer.devices=1"],
     }  # fmt: skip
@@ -201,7 +202,7 @@ def fsdp_rows(smoke: bool) -> list[str]:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         corpus = Path(scratch) / "corpus"
-        generate_corpus(corpus, 16)
+        generate_corpus(corpus, 1 if smoke else 16)
         for label, trainer in legs.items():
             command = [
                 sys.executable, "train.py", "experiment=lm_gpt2_small", f"task.data.dir={corpus}",
